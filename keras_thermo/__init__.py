@@ -1,0 +1,31 @@
+"""keras_thermo: stochastic-gradient MCMC for Keras 3 `model.fit`.
+
+Example:
+    >>> import keras, keras_thermo as kt
+    >>> net = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    >>> model = kt.BayesianModel(net, kt.samplers.SGNHT(step_size=1e-3), num_examples=1000,
+    ...                          prior=kt.priors.Gaussian(std=1.0), seed=0)
+"""
+
+import os as _os
+
+_backend = _os.environ.get("KERAS_BACKEND", "tensorflow")
+if _backend != "tensorflow":
+    raise ImportError(
+        f"keras_thermo needs the TensorFlow backend of Keras, but KERAS_BACKEND={_backend!r}; "
+        "set KERAS_BACKEND=tensorflow."
+    )
+
+from keras_thermo import callbacks, priors, samplers, schedules  # noqa: E402
+from keras_thermo.model import BayesianModel, SamplerDivergedError  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BayesianModel",
+    "SamplerDivergedError",
+    "callbacks",
+    "priors",
+    "samplers",
+    "schedules",
+]

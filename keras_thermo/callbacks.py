@@ -1,0 +1,185 @@
+"""Callbacks that collect what a sampling run produces.
+
+Keras calls callbacks once per execution, which is `steps_per_execution` steps. Callbacks that
+must see individual steps (`SampleCollector`) therefore record inside the compiled train step,
+into a small buffer of variables that the callback drains after each execution
+(`ParameterRecorder`). Recording only happens on steps the sampler marks as samples.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_thermo._validation import check_int
+
+
+class ParameterRecorder:
+    """In-graph buffer of flattened parameters, written on due steps of the compiled train step.
+
+    A step `s` (counted from 1, i.e. the number of completed steps) is due when
+    `s > burn_in_steps`, `(s - burn_in_steps) % every_n_steps == 0` and the sampler marks it as
+    a sample.
+
+    Args:
+        num_params: Nd, the length of a flattened parameter vector.
+        capacity: Rows in the buffer; at least the number of due steps in one execution.
+        burn_in_steps: Steps skipped before recording starts.
+        every_n_steps: Recording period after burn-in.
+    """
+
+    def __init__(self, num_params: int, capacity: int, burn_in_steps: int, every_n_steps: int):
+        self.burn_in_steps = burn_in_steps
+        self.every_n_steps = every_n_steps
+        self.capacity = capacity
+        self.values = tf.Variable(tf.zeros([capacity, num_params]), trainable=False, name="recorded_values")
+        self.steps = tf.Variable(tf.zeros([capacity], tf.int64), trainable=False, name="recorded_steps")
+        self.count = tf.Variable(0, dtype=tf.int32, trainable=False, name="recorded_count")
+
+    def is_due(self, step: tf.Tensor) -> tf.Tensor:
+        after = step - self.burn_in_steps
+        return tf.logical_and(after > 0, tf.equal(after % self.every_n_steps, 0))
+
+    def maybe_record(self, step: tf.Tensor, is_sample: tf.Tensor, variables: Sequence[tf.Variable]) -> None:
+        """Appends the flattened `variables` if `step` is due and `is_sample` holds."""
+
+        def record():
+            flat = tf.concat([tf.reshape(tf.cast(v, tf.float32), [-1]) for v in variables], axis=0)
+            # The capacity covers one execution; the clamp only guards against misuse.
+            index = tf.minimum(self.count, self.capacity - 1)
+            self.values.scatter_nd_update([[index]], flat[None, :])
+            self.steps.scatter_nd_update([[index]], step[None])
+            self.count.assign(index + 1)
+            return tf.constant(True)
+
+        tf.cond(tf.logical_and(self.is_due(step), is_sample), record, lambda: tf.constant(False))
+
+    def drain(self) -> tuple[np.ndarray, np.ndarray]:
+        """Returns and clears what was recorded since the last drain: `(values [k, Nd], steps [k])`."""
+        count = int(self.count.numpy())
+        values = self.values[:count].numpy() if count else np.zeros((0, self.values.shape[1]), np.float32)
+        steps = self.steps[:count].numpy()
+        self.count.assign(0)
+        return values, steps
+
+
+class RecordingCallback(keras.callbacks.Callback):
+    """Base of callbacks that record parameters inside the compiled train step.
+
+    `BayesianModel.fit` calls `attach(model)` before the step is compiled; subclasses implement
+    `consume(values, steps)`, called with each execution's recordings.
+    """
+
+    def __init__(self, burn_in_steps: int = 0, every_n_steps: int = 1):
+        super().__init__()
+        self.burn_in_steps = check_int("burn_in_steps", burn_in_steps, low=0)
+        self.every_n_steps = check_int("every_n_steps", every_n_steps, low=1)
+        self.recorder: ParameterRecorder | None = None
+
+    def attach(self, model) -> ParameterRecorder:
+        steps_per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
+        capacity = math.ceil(steps_per_execution / self.every_n_steps) + 1
+        self.recorder = ParameterRecorder(
+            model.num_params, capacity, self.burn_in_steps, self.every_n_steps
+        )
+        return self.recorder
+
+    def consume(self, values: np.ndarray, steps: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _drain(self) -> None:
+        if self.recorder is None:
+            return
+        values, steps = self.recorder.drain()
+        if len(steps):
+            self.consume(values, steps)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._drain()
+
+    def on_train_end(self, logs=None):
+        self._drain()
+
+
+class SampleCollector(RecordingCallback):
+    """Keeps posterior samples of the trainable weights, flattened, with bounded memory.
+
+    Samples are the weights after every `every_n_steps`-th step following `burn_in_steps`, on
+    steps the sampler marks as samples, exactly also when `steps_per_execution > 1`. At most
+    `max_samples` are kept: when the store is full, every other sample is dropped and from then
+    on only every second incoming sample is kept (the kept samples stay evenly spaced over the
+    whole run; `steps` says which step each came from).
+
+    Args:
+        burn_in_steps: Steps to skip before collecting.
+        every_n_steps: Collection period (thinning) after burn-in.
+        max_samples: Upper bound on stored samples (memory `max_samples * Nd * 4` bytes).
+
+    Attributes:
+        samples: `np.ndarray [S, Nd]` float32, flattened in `model.trainable_variables` order.
+        steps: `np.ndarray [S]`, the step (number of completed steps) of each sample.
+
+    Example:
+        >>> collector = SampleCollector(burn_in_steps=1000, every_n_steps=10, max_samples=500)
+    """
+
+    def __init__(self, burn_in_steps: int = 0, every_n_steps: int = 1, max_samples: int = 1000):
+        super().__init__(burn_in_steps, every_n_steps)
+        self.max_samples = check_int("max_samples", max_samples, low=2)
+        self._values: np.ndarray | None = None
+        self._steps = np.zeros([self.max_samples], np.int64)
+        self._size = 0
+        self._seen = 0  # recordings received, kept or not
+        self._keep_every = 1
+
+    def attach(self, model) -> ParameterRecorder:
+        recorder = super().attach(model)
+        if self._values is None or self._values.shape[1] != model.num_params:
+            self._values = np.zeros([self.max_samples, model.num_params], np.float32)
+            self._size = 0
+            self._seen = 0
+            self._keep_every = 1
+        return recorder
+
+    def consume(self, values: np.ndarray, steps: np.ndarray) -> None:
+        for value, step in zip(values, steps):
+            keep = self._seen % self._keep_every == 0
+            self._seen += 1
+            if not keep:
+                continue
+            if self._size == self.max_samples:
+                self._halve()
+                if (self._seen - 1) % self._keep_every:
+                    continue
+            self._values[self._size] = value
+            self._steps[self._size] = step
+            self._size += 1
+
+    def _halve(self) -> None:
+        kept = slice(0, self._size, 2)
+        count = len(range(*kept.indices(self._size)))
+        self._values[:count] = self._values[kept]
+        self._steps[:count] = self._steps[kept]
+        self._size = count
+        self._keep_every *= 2
+
+    @property
+    def samples(self) -> np.ndarray:
+        if self._values is None:
+            return np.zeros((0, 0), np.float32)
+        return self._values[: self._size].copy()
+
+    @property
+    def steps(self) -> np.ndarray:
+        return self._steps[: self._size].copy()
+
+    def get_config(self) -> dict:
+        return {
+            "burn_in_steps": self.burn_in_steps,
+            "every_n_steps": self.every_n_steps,
+            "max_samples": self.max_samples,
+        }

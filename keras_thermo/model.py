@@ -1,0 +1,385 @@
+"""`BayesianModel`: a Keras model whose `fit` samples the posterior instead of minimising the loss.
+
+Each training step computes the potential of the minibatch (DESIGN section 3)
+
+    U(theta) = N * L(theta; batch) + R(theta),
+
+where `L` is exactly what Keras' `compute_loss` returns (the mean per-example loss plus the layers'
+regularization losses) and `R = -log prior(theta)`, takes the force `F = -grad U`, and hands both
+to the sampler's update rule. The sampler's state (momenta, thermostats, step counter) lives in
+non-trainable variables of this model, so `model.save`, `save_weights` and `ModelCheckpoint`
+capture it, and the noise is keyed by (seed, step), so a restored run continues exactly.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random as py_random
+from typing import Any, Sequence
+
+import keras
+import tensorflow as tf
+from keras.src.trainers.data_adapters import data_adapter_utils
+
+from keras_thermo import priors as kt_priors
+from keras_thermo import samplers as kt_samplers
+from keras_thermo._validation import check_int, check_positive, check_seed
+
+# Keras loss reductions that keep the `N * mean` convention of the potential.
+_MEAN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
+
+
+class SamplerDivergedError(FloatingPointError):
+    """Raised by `fit` when a sampler step produced a non-finite value.
+
+    The weights and the sampler state are left at the last finite step.
+    """
+
+
+class _Runtime:
+    """Per-session objects the train step uses but that are not part of the saved model.
+
+    Kept in a plain object so Keras does not track them as model weights: attaching a callback
+    must not change what a checkpoint holds.
+    """
+
+    def __init__(self):
+        self.recorders: list = []
+        self.diverged_at = tf.Variable(-1, dtype=tf.int64, trainable=False, name="diverged_at")
+        self.state_structure = None
+
+
+def _loss_reductions(loss) -> list[tuple[str, Any]]:
+    """(description, reduction) for every Keras loss object inside a compile `loss` argument."""
+    found = []
+    for item in tf.nest.flatten(loss) if not isinstance(loss, keras.losses.Loss) else [loss]:
+        if isinstance(item, keras.losses.Loss):
+            found.append((type(item).__name__, item.reduction))
+    return found
+
+
+def _first_batch_inputs(x, y, batch_size):
+    """A small batch of model inputs taken from `fit`'s data, used to build the model eagerly."""
+    del y
+    if isinstance(x, tf.data.Dataset):
+        data = next(iter(x.take(1)))
+        inputs, _, _ = data_adapter_utils.unpack_x_y_sample_weight(data)
+        return inputs
+    if isinstance(x, keras.utils.PyDataset):
+        inputs, _, _ = data_adapter_utils.unpack_x_y_sample_weight(x[0])
+        return inputs
+    leaves = tf.nest.flatten(x)
+    if leaves and all(hasattr(leaf, "shape") and len(leaf.shape) > 0 for leaf in leaves):
+        count = batch_size or 2
+        return tf.nest.map_structure(lambda leaf: leaf[:count], x)
+    return None
+
+
+@keras.saving.register_keras_serializable(package="keras_thermo")
+class BayesianModel(keras.Model):
+    """Turns `fit` on any Keras model into a stochastic-gradient MCMC sampler.
+
+    Args:
+        net: The Keras model whose trainable weights are sampled (Sequential, functional or
+            subclassed).
+        sampler: A `keras_thermo.samplers.Sampler` (or a name / config for
+            `keras_thermo.samplers.get`).
+        num_examples: N, the number of training examples; the potential is `N * mean loss`.
+        prior: A `keras_thermo.priors.Prior`, or None for a flat prior.
+        temperature: T > 0; the target is `exp(-U / T)` (1 = the Bayes posterior).
+        seed: Integer in [0, 2**31) keying all sampler noise; None draws one (kept in the config,
+            so saving and resuming stay exact).
+
+    Example:
+        >>> import keras, numpy as np, keras_thermo as kt
+        >>> net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        >>> model = kt.BayesianModel(net, kt.samplers.SGHMC(step_size=1e-3), num_examples=64,
+        ...                          prior=kt.priors.Gaussian(1.0), seed=0)
+        >>> model.compile(loss="mse")
+        >>> x, y = np.random.rand(64, 3), np.random.rand(64, 1)
+        >>> history = model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        >>> sorted(k for k in history.history if k != "loss")
+        ['kinetic_temperature', 'potential', 'step_size']
+    """
+
+    def __init__(
+        self,
+        net: keras.Model,
+        sampler,
+        num_examples: int,
+        prior: kt_priors.Prior | None = None,
+        temperature: float = 1.0,
+        seed: int | None = None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not isinstance(net, keras.Model):
+            raise TypeError(f"`net` must be a keras.Model, got {type(net).__name__}: {net!r}.")
+        self.net = net
+        self.sampler = kt_samplers.get(sampler)
+        self.num_examples = check_int("num_examples", num_examples, low=1)
+        self.prior = kt_priors.get(prior)
+        self.temperature = check_positive("temperature", temperature)
+        seed = check_seed("seed", seed)
+        self.seed = py_random.randrange(2**31) if seed is None else seed
+        self._runtime = _Runtime()
+        self._state_variables: list = []
+
+    # --- Keras plumbing -----------------------------------------------------------------------
+
+    def call(self, inputs, training=None):
+        return self.net(inputs, training=training)
+
+    def build(self, input_shape=None):
+        if not self.net.built:
+            if input_shape is None:
+                raise ValueError(
+                    "BayesianModel.build needs the input shape when `net` is not built; call the "
+                    "network on a batch first or pass `input_shape`."
+                )
+            self.net.build(input_shape)
+        self._create_sampler_state()
+        self.built = True
+
+    def get_build_config(self):
+        return {"net_built": bool(self.net.built)}
+
+    def build_from_config(self, config):
+        # The net restores its own build config when it is deserialized; only the sampler state
+        # remains to be created before the saved variables are loaded into it.
+        del config
+        self.build()
+
+    def compile(self, optimizer=None, loss=None, **kwargs):
+        """Configures the loss and metrics; takes no optimizer (the sampler updates the weights).
+
+        Args:
+            optimizer: Must be None.
+            loss: A Keras loss whose reduction is a mean over the batch.
+            **kwargs: Passed to `keras.Model.compile` (metrics, steps_per_execution, jit_compile...).
+        """
+        if optimizer is not None:
+            raise ValueError(
+                f"`optimizer` must be None for a BayesianModel (its sampler "
+                f"{type(self.sampler).__name__} updates the weights), got {optimizer!r}."
+            )
+        if loss is None:
+            raise ValueError(
+                "`loss` is required: the potential is U = num_examples * loss + prior, so "
+                "compile with the model's per-example loss, e.g. loss='mse'."
+            )
+        for description, reduction in _loss_reductions(loss):
+            if reduction not in _MEAN_REDUCTIONS:
+                raise ValueError(
+                    f"`loss` {description} has reduction={reduction!r}; the potential "
+                    f"U = num_examples * loss needs a batch mean, one of {list(_MEAN_REDUCTIONS)}."
+                )
+        super().compile(optimizer=None, loss=loss, **kwargs)
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "net": keras.saving.serialize_keras_object(self.net),
+            "sampler": keras.saving.serialize_keras_object(self.sampler),
+            "num_examples": self.num_examples,
+            "prior": None if self.prior is None else keras.saving.serialize_keras_object(self.prior),
+            "temperature": self.temperature,
+            "seed": self.seed,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        config["net"] = keras.saving.deserialize_keras_object(config["net"], custom_objects=custom_objects)
+        config["sampler"] = keras.saving.deserialize_keras_object(
+            config["sampler"], custom_objects=custom_objects
+        )
+        if config.get("prior") is not None:
+            config["prior"] = keras.saving.deserialize_keras_object(
+                config["prior"], custom_objects=custom_objects
+            )
+        return cls(**config)
+
+    # --- sampler state ------------------------------------------------------------------------
+
+    @property
+    def num_params(self) -> int:
+        """Nd, the number of trainable scalars."""
+        return kt_samplers.base.num_scalars(self.trainable_variables)
+
+    def _create_sampler_state(self) -> None:
+        if self._state_variables:
+            return
+        params = [tf.convert_to_tensor(v) for v in self.trainable_variables]
+        if not params:
+            raise ValueError(
+                f"`net` {self.net.name!r} has no trainable weights to sample; a BayesianModel "
+                "needs at least one trainable variable."
+            )
+        initial = self.sampler.init(params, temperature=self.temperature, seed=self.seed)
+        names = []
+        for field, value in initial._asdict().items():
+            if isinstance(value, (list, tuple)):
+                names += [f"{self.sampler.name}_{field}_{i}" for i in range(len(value))]
+            else:
+                names.append(f"{self.sampler.name}_{field}")
+        leaves = tf.nest.flatten(initial)
+        self._state_variables = [
+            keras.Variable(leaf, dtype=leaf.dtype.name, trainable=False, name=name)
+            for leaf, name in zip(leaves, names)
+        ]
+        self._runtime.state_structure = initial
+
+    def sampler_state(self):
+        """The sampler state as the sampler's typed container of tensors (read-only view)."""
+        if not self._state_variables:
+            raise ValueError("The sampler state does not exist yet: build or fit the model first.")
+        values = [tf.convert_to_tensor(v) for v in self._state_variables]
+        return tf.nest.pack_sequence_as(self._runtime.state_structure, values)
+
+    @property
+    def sampler_step(self) -> int:
+        """Number of sampler steps taken so far (restored with the weights)."""
+        return int(self.sampler_state().step)
+
+    # --- the training step --------------------------------------------------------------------
+
+    def compute_potential(self, x, y, sample_weight=None, training=True):
+        """Returns `(U, L, y_pred)` for a batch: `U = N * L + R` (DESIGN section 3)."""
+        y_pred = self(x, training=training)
+        loss = self._compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
+        )
+        potential = tf.cast(self.num_examples, loss.dtype) * loss
+        if self.prior is not None:
+            potential += tf.cast(self.prior(self.trainable_variables), loss.dtype)
+        return potential, loss, y_pred
+
+    def train_step(self, data):
+        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        variables = self.trainable_variables
+        with tf.GradientTape() as tape:
+            potential, loss, y_pred = self.compute_potential(x, y, sample_weight)
+        gradients = tape.gradient(potential, variables)
+        force = [
+            -tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v)
+            for g, v in zip(gradients, variables)
+        ]
+        batch_size = tf.shape(tf.nest.flatten(x)[0])[0]
+        self._loss_tracker.update_state(loss, sample_weight=batch_size)
+
+        per_example = None
+        if self.sampler.needs_per_example_gradients:
+            per_example = self._per_example_gradients(x, y, sample_weight)
+        context = kt_samplers.StepContext(
+            temperature=self.temperature,
+            num_examples=self.num_examples,
+            batch_size=tf.cast(batch_size, tf.float32),
+            potential=tf.cast(potential, tf.float32),
+            seed=self.seed,
+            per_example_gradients=per_example,
+        )
+        state = self.sampler_state()
+        params = [tf.convert_to_tensor(v) for v in variables]
+        new_params, new_state, diagnostics = self.sampler.update(state, params, force, context)
+        self._apply_if_finite(variables, new_params, state, new_state, potential)
+
+        logs = self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        logs = dict(logs)
+        logs["potential"] = tf.cast(potential, tf.float32)
+        logs.update(diagnostics)
+        return logs
+
+    def _per_example_gradients(self, x, y, sample_weight):
+        from keras_thermo import grads as kt_grads  # noqa: PLC0415 (only samplers that need it)
+
+        return kt_grads.per_example_gradients(self.net, self.loss, x, y, sample_weight)
+
+    def _apply_if_finite(self, variables, new_params, state, new_state, potential) -> None:
+        """Assigns the step's results, unless any is non-finite (then nothing moves)."""
+        new_leaves = tf.nest.flatten(new_state)
+        checked = list(new_params) + [t for t in new_leaves if t.dtype.is_floating] + [potential]
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in checked])
+        ok = tf.logical_and(finite, self._runtime.diverged_at < 0)
+        for variable, value in zip(variables, new_params):
+            variable.assign(tf.where(ok, value, variable))
+        for variable, value in zip(self._state_variables, new_leaves):
+            variable.assign(tf.where(ok, value, variable))
+        first_failure = tf.logical_and(tf.logical_not(finite), self._runtime.diverged_at < 0)
+        self._runtime.diverged_at.assign(
+            tf.where(first_failure, tf.cast(state.step, tf.int64), self._runtime.diverged_at)
+        )
+        completed = tf.cast(new_state.step, tf.int64)
+        is_sample = tf.logical_and(ok, self.sampler.is_sample(new_state))
+        for recorder in self._runtime.recorders:
+            recorder.maybe_record(completed, is_sample, variables)
+
+    # --- fit ----------------------------------------------------------------------------------
+
+    def _build_from_data(self, x, y, batch_size) -> None:
+        if self.built and self._state_variables:
+            return
+        inputs = _first_batch_inputs(x, y, batch_size)
+        if inputs is None:
+            if self.net.built:
+                self.build()
+                return
+            raise ValueError(
+                "Cannot build the BayesianModel from this kind of data; build `net` first (e.g. "
+                "give it a keras.Input, or call it once on a batch) before `fit`."
+            )
+        self(inputs, training=False)
+        if not self._state_variables:
+            self.build()
+
+    def _attach_recorders(self, callbacks) -> None:
+        from keras_thermo.callbacks import RecordingCallback  # noqa: PLC0415 (import cycle)
+
+        if isinstance(callbacks, keras.callbacks.CallbackList):
+            callbacks = callbacks.callbacks
+        recording = [cb for cb in (callbacks or []) if isinstance(cb, RecordingCallback)]
+        recorders = [cb.attach(self) for cb in recording]
+        if recorders or self._runtime.recorders:
+            # The compiled step captures the recorders it writes to: rebuild it for this set.
+            self.train_function = None
+        self._runtime.recorders = recorders
+
+    def fit(self, *args, **kwargs):
+        """`keras.Model.fit`, plus: builds the sampler state before the step is compiled, wires
+        recording callbacks into the compiled step, and raises `SamplerDivergedError` if a step
+        went non-finite (the model then holds the last finite state)."""
+        bound = inspect.signature(keras.Model.fit).bind(self, *args, **kwargs)
+        arguments = bound.arguments
+        if not self.compiled:
+            raise ValueError("Call `compile(loss=...)` on the BayesianModel before `fit`.")
+        self._build_from_data(arguments.get("x"), arguments.get("y"), arguments.get("batch_size"))
+        callbacks = arguments.get("callbacks")
+        self._attach_recorders(callbacks)
+        self._runtime.diverged_at.assign(-1)
+        guard = _DivergenceGuard()
+        if isinstance(callbacks, keras.callbacks.CallbackList):
+            callbacks.append(guard)
+        else:
+            arguments["callbacks"] = list(callbacks or []) + [guard]
+        history = super().fit(*bound.args[1:], **bound.kwargs)
+        self._raise_if_diverged()
+        return history
+
+    def _raise_if_diverged(self) -> None:
+        step = int(self._runtime.diverged_at.numpy())
+        if step >= 0:
+            raise SamplerDivergedError(
+                f"Sampler {type(self.sampler).__name__} produced a non-finite value at step {step} "
+                f"(force, momentum, thermostat or weights). The model holds the state of step "
+                f"{step - 1}, the last finite one. Likely cause: the step size "
+                f"{self.sampler.step_size!r} is too large for the gradient-noise level; reduce "
+                "step_size or increase friction."
+            )
+
+
+class _DivergenceGuard(keras.callbacks.Callback):
+    """Stops `fit` cleanly at the end of the execution in which a step went non-finite."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model._runtime.diverged_at.numpy()) >= 0:
+            self.model.stop_training = True

@@ -1,0 +1,62 @@
+"""Stochastic gradient Langevin dynamics (Welling & Teh, 2011).
+
+Update (DESIGN section 4): `theta += (eps_t / 2) F + sqrt(eps_t T) R`, with `eps_t` constant or
+from a schedule (`keras_thermo.schedules.PolynomialDecay` gives the paper's `a (b + t)^-gamma`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import keras
+import tensorflow as tf
+
+from keras_thermo import random as kt_random
+from keras_thermo.samplers import integrators
+from keras_thermo.samplers.base import Sampler, StepContext, num_scalars
+
+
+class SGLDState(NamedTuple):
+    step: tf.Tensor
+
+
+@keras.saving.register_keras_serializable(package="keras_thermo")
+class SGLD(Sampler):
+    """Stochastic gradient Langevin dynamics.
+
+    SGLD has no momentum; its logged `kinetic_temperature` is that of the velocity
+    `v = dtheta / sqrt(eps)`, i.e. `|dtheta|^2 / (eps Nd)`. It equals T + eps |F|^2 / (4 Nd) in
+    expectation: T when the step is small enough for the noise to dominate the drift, and well
+    above T when the step is too large for SGLD to be accurate.
+
+    Args:
+        step_size: eps, a positive float or a `LearningRateSchedule` of the step count.
+
+    Example:
+        >>> import keras_thermo as kt
+        >>> sampler = kt.samplers.SGLD(step_size=kt.schedules.PolynomialDecay(1e-3, 1.0, 0.55))
+
+    Reference:
+        M. Welling and Y. W. Teh, "Bayesian learning via stochastic gradient Langevin dynamics",
+        ICML 2011, eq. 4.
+    """
+
+    name = "sgld"
+
+    def init(self, params: Sequence[tf.Tensor], *, temperature: float, seed: int) -> SGLDState:
+        del params, temperature, seed
+        return SGLDState(step=tf.constant(0, tf.int64))
+
+    def update(self, state: SGLDState, params, force, context: StepContext):
+        eps = self.step_size_at(state.step)
+        noise = context.normal(state.step, params, kt_random.STREAM_MOMENTUM)
+        noise_std = tf.sqrt(eps * context.temperature)
+        increments = [0.5 * eps * f + noise_std * r for f, r in zip(force, noise)]
+        new_params = [theta + d for theta, d in zip(params, increments)]
+        diagnostics = {
+            "kinetic_temperature": integrators.kinetic_temperature(
+                increments, eps, num_scalars(params)
+            ),
+            "step_size": eps,
+        }
+        return new_params, SGLDState(step=state.step + 1), diagnostics
