@@ -1,0 +1,100 @@
+"""`expm_action`: picks the Taylor or the Gram method for `exp(-tau Gc^T Gc) v` by cost.
+
+For `D >> n` both methods are limited by streaming the `[n, D]` matrix `Gc` from memory, so the
+cost model counts time in products with `S` (two passes over `Gc`; the unit of `matvecs`):
+
+* taylor: `m * s + 1/2`, the planned number of products (the early exit may spend fewer) plus
+  the pass for `||Gc||_F^2`. For large `tau ||Gc||_F^2` it grows like
+  `(55 / theta_55) tau ||Gc||_F^2 / 2`: `2.8 tau ||Gc||_F^2` in float64 (theta_55 = 9.87),
+  `2.1 tau ||Gc||_F^2` in float32 (theta_55 = 13.36).
+* gram: `1 + max(1/2, n / 16) + 9 n^2 / (32 D)` (`gram.gram_matvec_equivalents`): the product
+  forming `K` reads `Gc` once and only becomes compute-bound for n above 8.
+
+A pure flop count (`4 n D` per product, `2 n^2 D` for `K`) would charge the Gram method `n / 2`
+products and favour the Taylor method far too long: on a 2-core CPU in float32 (n = 32,
+D = 1e6) one product with S takes ~30 ms and the whole Gram method ~110 ms.
+
+The Taylor plan depends on the value of `tau * ||Gc||_F^2`, so the choice is a `tf.cond` in
+graph mode; both branches trace once. For n = 32 (Gram: 3 products) the Taylor method is chosen
+while its plan needs at most 2 products: `tau ||Gc||_F^2` below 2 theta_2, i.e. 5e-8 in
+float64 and 1.2e-3 in float32; for n = 128 (9 products) while it needs at most 8.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from keras_thermo.linalg import _operands, gram, taylor
+
+#: Method codes returned by `expm_action`.
+TAYLOR = 0
+GRAM = 1
+METHODS = ("auto", "taylor", "gram")
+
+
+def expm_action(
+    gc: Any,
+    v: Any,
+    tau: Any,
+    method: str = "auto",
+    *,
+    tol: float | None = None,
+    max_degree: int = taylor.MAX_DEGREE,
+    rho_bound: Any = None,
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """`exp(-tau Gc^T Gc) v` without forming the `D x D` matrix, by the cheaper method.
+
+    `"taylor"` is the scaled Taylor method of Al-Mohy & Higham (2011) (`expm_action_taylor`),
+    `"gram"` the exact `n x n` eigendecomposition method (`expm_action_gram`), and `"auto"`
+    chooses per call the one with the smaller estimated work (see the module docstring): Taylor
+    for small `tau * ||Gc||_F^2`, Gram otherwise.
+
+    Args:
+        gc: `[n, D]` float32/float64 matrix (centered per-example gradients).
+        v: `[D]` vector or `[D, k]` block of the same dtype.
+        tau: scalar >= 0 (Python number or tensor).
+        method: `"auto"`, `"taylor"` or `"gram"`.
+        tol, max_degree, rho_bound: passed to the Taylor method (see `expm_action_taylor`).
+
+    Returns:
+        `(result, matvecs, method_code)`: `result` shaped like `v`; `matvecs` an int32 scalar
+        (work in products with S, as each method counts it); `method_code` an int32 scalar,
+        `TAYLOR` (0) or `GRAM` (1).
+
+    Raises:
+        ValueError: unknown `method`, or invalid operands (see `expm_action_taylor`).
+
+    Example:
+        >>> import numpy as np
+        >>> gc = np.array([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0]])
+        >>> result, matvecs, code = expm_action(gc, np.ones(3), 0.5)
+        >>> np.round(result.numpy(), 6).tolist(), int(code)  # n = 2: Gram is cheaper
+        ([0.606531, 0.135335, 1.0], 1)
+    """
+    if not isinstance(method, str) or method not in METHODS:
+        raise ValueError(f"`method` must be one of {METHODS}; got {method!r}")
+    if method == "gram":
+        operands = _operands.prepare_operands(gc, v, tau)
+        result, matvecs = gram.run_gram(operands)
+        code = GRAM
+    else:
+        operands, plan, tol = taylor.prepare_taylor(gc, v, tau, tol, max_degree, rho_bound)
+        if method == "taylor":
+            result, matvecs = taylor.run_taylor(operands, plan, tol, max_degree)
+            code = TAYLOR
+        else:
+            n, d = _operands.matrix_shape(operands.gc)
+            use_gram = gram.gram_matvec_equivalents(n, d) < plan.predicted_matvecs + 0.5
+            result, matvecs = tf.cond(
+                use_gram,
+                lambda: gram.run_gram(operands),
+                lambda: taylor.run_taylor(operands, plan, tol, max_degree),
+            )
+            code = tf.where(use_gram, GRAM, TAYLOR)
+    return (
+        _operands.restore_layout(result, operands.vector_input),
+        matvecs,
+        tf.convert_to_tensor(code, tf.int32),
+    )

@@ -1,0 +1,184 @@
+"""The shared correctness check every sampler's test uses: Bayesian linear regression.
+
+The model is `y = [x, 1] . theta + noise` fitted with `loss="mse"` (mean squared error) and a
+Gaussian prior `N(0, prior_std^2 I)`. With the project's units the potential is
+
+    U(theta) = N * mean_i (y_i - a_i . theta)^2 + |theta|^2 / (2 prior_std^2) + const
+             = sum_i (y_i - a_i . theta)^2 + |theta|^2 / (2 prior_std^2) + const,
+
+so the target `exp(-U / T)` is Gaussian with precision `P = (2 A^T A + I / prior_std^2) / T` and
+mean `P^-1 (2 A^T y) / T`, in closed form (`linear_regression_posterior`). (`mse` is the negative
+log-likelihood of Gaussian noise of variance 1/2, up to a constant.)
+
+`run_chains` runs independent chains through `BayesianModel.fit`; `compare_with_gaussian`
+turns them into a statistical verdict whose tolerance is the Monte Carlo error: each chain gives
+one estimate of every mean and variance, the chains are independent, so the spread of the
+per-chain estimates gives their standard error without any autocorrelation model, and the
+deviation of their average from the exact value is a Student-t statistic with `C - 1` degrees of
+freedom. The threshold is the t quantile at a familywise false-alarm rate `alpha`, Bonferroni-
+corrected over all the quantities checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import keras
+import numpy as np
+
+import keras_thermo as kt
+
+
+def linear_regression_data(num_examples: int, num_features: int, *, noise_std: float = 0.7, seed: int = 0):
+    """Synthetic regression data `x ~ N(0, I)`, `y = x . w + b + noise` (float32)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(num_examples, num_features))
+    w = rng.normal(size=num_features)
+    y = x @ w + 0.5 + noise_std * rng.normal(size=num_examples)
+    return x.astype(np.float32), y[:, None].astype(np.float32)
+
+
+def linear_regression_posterior(x, y, *, prior_std: float, temperature: float = 1.0):
+    """Exact mean and covariance of `theta = [kernel..., bias]` under `exp(-U / T)` (see module doc)."""
+    design = np.concatenate([np.asarray(x, np.float64), np.ones((len(x), 1))], axis=1)
+    targets = np.asarray(y, np.float64).reshape(-1)
+    precision = 2.0 * design.T @ design + np.eye(design.shape[1]) / prior_std**2
+    covariance = temperature * np.linalg.inv(precision)
+    mean = np.linalg.solve(precision, 2.0 * design.T @ targets)
+    return mean, covariance
+
+
+def linear_regression_net(num_features: int) -> keras.Model:
+    """`Dense(1)` on `num_features` inputs: trainable order is [kernel (num_features), bias]."""
+    return keras.Sequential([keras.Input((num_features,)), keras.layers.Dense(1)])
+
+
+class _LogRecorder(keras.callbacks.Callback):
+    """Keeps the logs of the last step of every execution."""
+
+    def __init__(self, keys):
+        super().__init__()
+        self.keys = keys
+        self.values = {k: [] for k in keys}
+
+    def on_train_batch_end(self, batch, logs=None):
+        for key in self.keys:
+            if logs and key in logs:
+                self.values[key].append(float(logs[key]))
+
+
+@dataclasses.dataclass
+class ChainResult:
+    """Samples `[C, S, Nd]` and per-chain step logs `{name: [C, K]}` of `run_chains`."""
+
+    samples: np.ndarray
+    logs: dict
+
+
+def run_chains(
+    make_sampler: Callable[[], kt.samplers.Sampler],
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    num_chains: int,
+    num_steps: int,
+    batch_size: int,
+    burn_in_steps: int,
+    every_n_steps: int = 1,
+    prior_std: float = 1.0,
+    temperature: float = 1.0,
+    steps_per_execution: int = 100,
+    seed: int = 0,
+    log_keys: tuple = ("kinetic_temperature",),
+) -> ChainResult:
+    """Runs independent chains of a fresh `BayesianModel` each (different seed and data order).
+
+    Every chain starts from the same initial weights (zeros); `num_steps` sampler steps are taken
+    with shuffled minibatches of `batch_size` (full batch when `batch_size == len(x)`).
+    """
+    num_examples = len(x)
+    steps_per_epoch = num_examples // batch_size
+    epochs = -(-num_steps // steps_per_epoch)
+    max_samples = (num_steps - burn_in_steps) // every_n_steps
+    all_samples, all_logs = [], {k: [] for k in log_keys}
+    for chain in range(num_chains):
+        net = linear_regression_net(x.shape[1])
+        for variable in net.trainable_variables:
+            variable.assign(np.zeros(variable.shape, np.float32))
+        model = kt.BayesianModel(
+            net, make_sampler(), num_examples=num_examples, prior=kt.priors.Gaussian(prior_std),
+            temperature=temperature, seed=seed * 1000 + chain,
+        )
+        model.compile(loss="mse", steps_per_execution=steps_per_execution)
+        collector = kt.callbacks.SampleCollector(burn_in_steps, every_n_steps, max_samples=max_samples)
+        recorder = _LogRecorder(log_keys)
+        keras.utils.set_random_seed(seed * 1000 + chain)  # data order of this chain
+        model.fit(
+            x, y, batch_size=batch_size, epochs=epochs, steps_per_epoch=steps_per_epoch,
+            shuffle=True, verbose=0, callbacks=[collector, recorder],
+        )
+        all_samples.append(collector.samples[:max_samples])
+        for key in log_keys:
+            all_logs[key].append(recorder.values[key])
+    size = min(len(s) for s in all_samples)
+    samples = np.stack([s[:size] for s in all_samples])
+    logs = {}
+    for key, per_chain in all_logs.items():
+        length = min(map(len, per_chain))
+        logs[key] = np.array([values[:length] for values in per_chain])
+    return ChainResult(samples=samples, logs=logs)
+
+
+@dataclasses.dataclass
+class GaussianCheck:
+    """Outcome of `compare_with_gaussian`; `passed` is the verdict, the rest explains it."""
+
+    passed: bool
+    threshold: float
+    mean_t: np.ndarray
+    variance_t: np.ndarray
+    mean_error: np.ndarray  # estimated minus exact mean, per coordinate
+    relative_variance_error: np.ndarray  # estimated / exact marginal variance - 1
+
+    def summary(self) -> str:
+        return (
+            f"|t| threshold {self.threshold:.2f}; mean t {np.round(self.mean_t, 2)}; variance t "
+            f"{np.round(self.variance_t, 2)}; mean error {np.round(self.mean_error, 4)}; relative "
+            f"variance error {np.round(self.relative_variance_error, 3)}"
+        )
+
+
+def chain_t_statistic(per_chain: np.ndarray, exact: np.ndarray) -> np.ndarray:
+    """Student-t statistic of the average of independent per-chain estimates `[C, K]` vs `exact`."""
+    num_chains = per_chain.shape[0]
+    standard_error = per_chain.std(axis=0, ddof=1) / np.sqrt(num_chains)
+    return (per_chain.mean(axis=0) - exact) / standard_error
+
+
+def t_threshold(num_chains: int, num_tests: int, alpha: float) -> float:
+    """Two-sided Bonferroni-corrected Student-t quantile."""
+    from scipy import stats  # noqa: PLC0415 (test-only dependency)
+
+    return float(stats.t.ppf(1.0 - alpha / (2.0 * num_tests), df=num_chains - 1))
+
+
+def compare_with_gaussian(samples: np.ndarray, mean: np.ndarray, covariance: np.ndarray, *, alpha: float = 1e-3) -> GaussianCheck:
+    """Tests chains `[C, S, D]` against a Gaussian's mean and marginal variances (module doc)."""
+    samples = np.asarray(samples, np.float64)
+    num_chains = samples.shape[0]
+    exact_var = np.diag(covariance)
+    chain_means = samples.mean(axis=1)
+    chain_vars = samples.var(axis=1, ddof=1)
+    mean_t = chain_t_statistic(chain_means, mean)
+    variance_t = chain_t_statistic(chain_vars, exact_var)
+    threshold = t_threshold(num_chains, 2 * len(mean), alpha)
+    passed = bool(np.all(np.abs(mean_t) < threshold) and np.all(np.abs(variance_t) < threshold))
+    return GaussianCheck(
+        passed=passed,
+        threshold=threshold,
+        mean_t=mean_t,
+        variance_t=variance_t,
+        mean_error=chain_means.mean(axis=0) - mean,
+        relative_variance_error=chain_vars.mean(axis=0) / exact_var - 1.0,
+    )
