@@ -137,7 +137,10 @@ class BayesianModel(keras.Model):
                     "BayesianModel.build needs the input shape when `net` is not built; call the "
                     "network on a batch first or pass `input_shape`."
                 )
-            self.net.build(input_shape)
+            # Tracing the net on symbolic inputs builds every kind of model (a subclassed one
+            # has no shape-driven build of its own).
+            symbolic = keras.tree.map_shape_structure(keras.KerasTensor, input_shape)
+            keras.src.backend.compute_output_spec(self.net, symbolic)
         self._create_sampler_state()
         self.built = True
 
@@ -175,6 +178,12 @@ class BayesianModel(keras.Model):
                     f"U = num_examples * loss needs a batch mean, one of {list(_MEAN_REDUCTIONS)}."
                 )
         super().compile(optimizer=None, loss=loss, **kwargs)
+
+    def compile_from_config(self, config):
+        # Keras skips custom `compile` methods when loading unless told how: re-run ours.
+        config = dict(keras.saving.deserialize_keras_object(config))
+        config.pop("optimizer", None)
+        self.compile(**config)
 
     def get_config(self):
         return {
@@ -328,6 +337,7 @@ class BayesianModel(keras.Model):
                 "Cannot build the BayesianModel from this kind of data; build `net` first (e.g. "
                 "give it a keras.Input, or call it once on a batch) before `fit`."
             )
+        self.net(inputs, training=False)
         self(inputs, training=False)
         if not self._state_variables:
             self.build()
@@ -370,8 +380,8 @@ class BayesianModel(keras.Model):
         if step >= 0:
             raise SamplerDivergedError(
                 f"Sampler {type(self.sampler).__name__} produced a non-finite value at step {step} "
-                f"(force, momentum, thermostat or weights). The model holds the state of step "
-                f"{step - 1}, the last finite one. Likely cause: the step size "
+                f"(force, momentum, thermostat or weights); the model holds the last finite state, "
+                f"reached after {step} steps. Likely cause: the step size "
                 f"{self.sampler.step_size!r} is too large for the gradient-noise level; reduce "
                 "step_size or increase friction."
             )

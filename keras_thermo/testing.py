@@ -26,6 +26,7 @@ from typing import Callable
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 import keras_thermo as kt
 
@@ -98,26 +99,29 @@ def run_chains(
     with shuffled minibatches of `batch_size` (full batch when `batch_size == len(x)`).
     """
     num_examples = len(x)
-    steps_per_epoch = num_examples // batch_size
-    epochs = -(-num_steps // steps_per_epoch)
     max_samples = (num_steps - burn_in_steps) // every_n_steps
     all_samples, all_logs = [], {k: [] for k in log_keys}
     for chain in range(num_chains):
+        chain_seed = seed * 1000 + chain
         net = linear_regression_net(x.shape[1])
         for variable in net.trainable_variables:
             variable.assign(np.zeros(variable.shape, np.float32))
         model = kt.BayesianModel(
             net, make_sampler(), num_examples=num_examples, prior=kt.priors.Gaussian(prior_std),
-            temperature=temperature, seed=seed * 1000 + chain,
+            temperature=temperature, seed=chain_seed,
         )
         model.compile(loss="mse", steps_per_execution=steps_per_execution)
         collector = kt.callbacks.SampleCollector(burn_in_steps, every_n_steps, max_samples=max_samples)
         recorder = _LogRecorder(log_keys)
-        keras.utils.set_random_seed(seed * 1000 + chain)  # data order of this chain
-        model.fit(
-            x, y, batch_size=batch_size, epochs=epochs, steps_per_epoch=steps_per_epoch,
-            shuffle=True, verbose=0, callbacks=[collector, recorder],
+        # One long epoch over a reshuffled, repeated stream: per-epoch overhead would dominate
+        # a model this small.
+        data = (
+            tf.data.Dataset.from_tensor_slices((x, y))
+            .shuffle(num_examples, seed=chain_seed, reshuffle_each_iteration=True)
+            .repeat()
+            .batch(batch_size, drop_remainder=True)
         )
+        model.fit(data, steps_per_epoch=num_steps, epochs=1, verbose=0, callbacks=[collector, recorder])
         all_samples.append(collector.samples[:max_samples])
         for key in log_keys:
             all_logs[key].append(recorder.values[key])

@@ -1,0 +1,358 @@
+"""BayesianModel: units of the potential, Keras integration, state, saving, recording, NaN guard."""
+
+import glob
+import math
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_thermo as kt
+
+N = 64
+
+
+def _data(n=N, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d)).astype("float32")
+    y = (x @ rng.normal(size=(d, 1)) + 0.1 * rng.normal(size=(n, 1))).astype("float32")
+    return x, y
+
+
+def _net(d=3, regularizer=None, seed=1):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([
+        keras.Input((d,)),
+        keras.layers.Dense(4, activation="tanh", kernel_regularizer=regularizer),
+        keras.layers.Dense(1),
+    ])
+
+
+def _model(sampler=None, net=None, **kwargs):
+    kwargs.setdefault("num_examples", N)
+    kwargs.setdefault("seed", 3)
+    model = kt.BayesianModel(net or _net(), sampler or kt.samplers.SGNHT(1e-3), **kwargs)
+    return model
+
+
+def _ordered_dataset(x, y, batch_size, sample_weight=None):
+    parts = (x, y) if sample_weight is None else (x, y, sample_weight)
+    return tf.data.Dataset.from_tensor_slices(parts).repeat().batch(batch_size)
+
+
+def _weights(model):
+    return [v.numpy().copy() for v in model.trainable_variables]
+
+
+SAMPLERS = {
+    "sgld": lambda: kt.samplers.SGLD(kt.schedules.PolynomialDecay(1e-3, 1.0, 0.55)),
+    "sghmc": lambda: kt.samplers.SGHMC(1e-2, friction=2.0),
+    "sgnht": lambda: kt.samplers.SGNHT(1e-2),
+    "sgnht-symmetric": lambda: kt.samplers.SGNHT(1e-2, integrator="symmetric"),
+}
+
+
+# --- units ------------------------------------------------------------------------------------
+
+
+def test_potential_is_n_times_keras_loss_plus_prior_with_regularizer_and_sample_weight():
+    x, y = _data()
+    l2 = 0.01
+    model = _model(net=_net(regularizer=keras.regularizers.L2(l2)), prior=kt.priors.Gaussian(2.0))
+    model.compile(loss="mse")
+    w = np.linspace(0.5, 1.5, 16).astype("float32")
+    xb, yb = x[:16], y[:16]
+    history = model.fit(
+        _ordered_dataset(xb, yb, 16, w), steps_per_epoch=1, epochs=1, verbose=0
+    )
+    # Hand computation at the initial weights (the logged potential is the pre-update one).
+    model2 = _model(net=_net(regularizer=keras.regularizers.L2(l2)))
+    weights = model2.net.get_weights()
+    kernel1, bias1, kernel2, bias2 = weights
+    out = np.tanh(xb @ kernel1 + bias1) @ kernel2 + bias2
+    mean_loss = np.sum(w * (out[:, 0] - yb[:, 0]) ** 2) / 16  # Keras: sum(w l) / batch size
+    regularization = l2 * np.sum(kernel1**2)
+    prior = sum(np.sum(v**2) / (2 * 4.0) + v.size * 0.5 * math.log(2 * math.pi * 4.0) for v in weights)
+    expected = N * (mean_loss + regularization) + prior
+    assert history.history["potential"][0] == pytest.approx(expected, rel=1e-5)
+
+
+def test_compute_potential_matches_fit_log():
+    x, y = _data()
+    model = _model(prior=kt.priors.Gaussian(1.0))
+    model.compile(loss="mse")
+    model.build()
+    potential, loss, _ = model.compute_potential(x[:8], y[:8])
+    history = model.fit(_ordered_dataset(x[:8], y[:8], 8), steps_per_epoch=1, epochs=1, verbose=0)
+    assert history.history["potential"][0] == pytest.approx(float(potential), rel=1e-6)
+    assert history.history["loss"][0] == pytest.approx(float(loss), rel=1e-6)
+
+
+# --- Keras integration ------------------------------------------------------------------------
+
+
+class _Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.hidden = keras.layers.Dense(4, activation="relu")
+        self.out = keras.layers.Dense(1)
+
+    def call(self, inputs):
+        return self.out(self.hidden(inputs))
+
+
+def _functional():
+    inputs = keras.Input((3,))
+    return keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Dense(4)(inputs)))
+
+
+@pytest.mark.parametrize(
+    "make_net",
+    [_net, _functional, _Subclassed, lambda: keras.Sequential([keras.layers.Dense(2), keras.layers.Dense(1)])],
+    ids=["sequential", "functional", "subclassed", "sequential-unbuilt"],
+)
+def test_fit_works_for_every_kind_of_keras_model(make_net):
+    x, y = _data()
+    model = kt.BayesianModel(make_net(), kt.samplers.SGHMC(1e-3), num_examples=N, seed=0)
+    model.compile(loss="mse", metrics=["mae"])
+    before = None
+    history = model.fit(x, y, batch_size=16, epochs=2, verbose=0)
+    assert model.sampler_step == 8
+    assert set(history.history) >= {"loss", "mae", "potential", "kinetic_temperature", "step_size"}
+    before = _weights(model)
+    # evaluate and predict use the current parameters.
+    np.testing.assert_allclose(model.predict(x, verbose=0), model.net(x).numpy(), rtol=1e-5, atol=1e-6)
+    mse = float(np.mean((model.net(x).numpy() - y) ** 2))
+    assert model.evaluate(x, y, verbose=0, return_dict=True)["loss"] == pytest.approx(mse, rel=1e-4)
+    for a, b in zip(before, _weights(model)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_numpy_and_dataset_inputs_give_the_same_trajectory():
+    x, y = _data()
+    a = _model()
+    a.compile(loss="mse")
+    a.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    b = _model()
+    b.compile(loss="mse")
+    b.fit(_ordered_dataset(x, y, 16), steps_per_epoch=4, epochs=1, verbose=0)
+    for u, v in zip(_weights(a), _weights(b)):
+        np.testing.assert_allclose(u, v, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLERS))
+def test_steps_per_execution_gives_the_identical_trajectory(name):
+    x, y = _data()
+    runs = []
+    for spe in (1, 5):
+        model = _model(SAMPLERS[name]())
+        model.compile(loss="mse", steps_per_execution=spe)
+        model.fit(_ordered_dataset(x, y, 8), steps_per_epoch=20, epochs=1, verbose=0)
+        runs.append(_weights(model) + [v.numpy() for v in model.non_trainable_variables])
+    for u, v in zip(*runs):
+        np.testing.assert_array_equal(u, v)
+
+
+def test_same_seed_same_trajectory_and_different_seed_different():
+    x, y = _data()
+
+    def run(seed):
+        model = _model(seed=seed)
+        model.compile(loss="mse")
+        model.fit(_ordered_dataset(x, y, 8), steps_per_epoch=10, epochs=1, verbose=0)
+        return _weights(model)
+
+    first, again, other = run(5), run(5), run(6)
+    for u, v in zip(first, again):
+        np.testing.assert_array_equal(u, v)
+    assert any(not np.array_equal(u, v) for u, v in zip(first, other))
+
+
+def test_sampler_state_lives_in_non_trainable_variables_created_once():
+    x, y = _data()
+    model = _model(kt.samplers.SGNHT(1e-3))
+    model.compile(loss="mse")
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    count = len(model.non_trainable_variables)
+    # step + one momentum per trainable variable + xi
+    assert count == 1 + len(model.trainable_variables) + 1
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[kt.callbacks.SampleCollector()])
+    assert len(model.non_trainable_variables) == count
+    assert model.sampler_step == 8
+
+
+# --- compile and construction errors --------------------------------------------------------
+
+BAD_MODEL_INPUTS = [
+    (dict(num_examples=0), ValueError, ["num_examples", "0"]),
+    (dict(num_examples=10.5), TypeError, ["num_examples", "10.5"]),
+    (dict(temperature=-1.0), ValueError, ["temperature", "-1.0"]),
+    (dict(seed=-3), ValueError, ["seed", "-3"]),
+    (dict(prior=lambda w: 0.0), TypeError, ["prior"]),
+    (dict(sampler="hmc"), ValueError, ["name", "hmc"]),
+    (dict(net="not a model"), TypeError, ["net", "str"]),
+]
+
+
+@pytest.mark.parametrize("kwargs, error, words", BAD_MODEL_INPUTS)
+def test_bad_model_arguments(kwargs, error, words):
+    base = dict(net=_net(), sampler=kt.samplers.SGLD(1e-3), num_examples=N)
+    base.update(kwargs)
+    with pytest.raises(error) as info:
+        kt.BayesianModel(**base)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_compile_refuses_optimizer_missing_loss_and_sum_reduction():
+    model = _model()
+    with pytest.raises(ValueError, match="`optimizer` must be None"):
+        model.compile(optimizer="adam", loss="mse")
+    with pytest.raises(ValueError, match="`loss` is required"):
+        model.compile()
+    with pytest.raises(ValueError, match="reduction='sum'"):
+        model.compile(loss=keras.losses.MeanSquaredError(reduction="sum"))
+
+
+def test_model_without_trainable_weights_is_refused():
+    net = _net()
+    net.trainable = False
+    model = kt.BayesianModel(net, kt.samplers.SGLD(1e-3), num_examples=N)
+    model.compile(loss="mse")
+    x, y = _data()
+    with pytest.raises(ValueError, match="no trainable weights"):
+        model.fit(x, y, verbose=0)
+
+
+# --- saving and resuming ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLERS))
+def test_save_load_and_resume_is_bit_exact(name, tmp_path):
+    x, y = _data()
+    data = _ordered_dataset(x, y, 8)  # 8 batches per pass: 2 x 8 steps replay the same data
+    straight = _model(SAMPLERS[name](), prior=kt.priors.Gaussian(1.0))
+    straight.compile(loss="mse")
+    straight.fit(data, steps_per_epoch=16, epochs=1, verbose=0)
+
+    first = _model(SAMPLERS[name](), prior=kt.priors.Gaussian(1.0))
+    first.compile(loss="mse")
+    first.fit(data, steps_per_epoch=8, epochs=1, verbose=0)
+    path = os.path.join(tmp_path, "model.keras")
+    first.save(path)
+    restored = keras.saving.load_model(path)
+    assert isinstance(restored, kt.BayesianModel)
+    assert restored.get_config()["sampler"] == first.get_config()["sampler"]
+    assert restored.sampler_step == 8
+    restored.fit(data, steps_per_epoch=8, epochs=1, verbose=0)
+    for u, v in zip(_weights(straight), _weights(restored)):
+        np.testing.assert_array_equal(u, v)
+    for u, v in zip(straight.non_trainable_variables, restored.non_trainable_variables):
+        np.testing.assert_array_equal(u.numpy(), v.numpy())
+
+
+def test_get_config_round_trip():
+    model = _model(kt.samplers.SGNHT(1e-3, integrator="symmetric"), prior=kt.priors.Gaussian([1.0, 2.0, 1.0, 0.5]), temperature=0.5)
+    config = model.get_config()
+    clone = kt.BayesianModel.from_config(config)
+    assert clone.get_config() == config
+    assert clone.seed == model.seed == 3
+
+
+def test_seed_none_is_drawn_and_kept():
+    model = kt.BayesianModel(_net(), kt.samplers.SGLD(1e-3), num_examples=N)
+    assert 0 <= model.get_config()["seed"] < 2**31
+
+
+# --- recording --------------------------------------------------------------------------------
+
+
+class _EveryStepWeights(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.weights = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.weights.append(np.concatenate([v.numpy().ravel() for v in self.model.trainable_variables]))
+
+
+def test_sample_collector_is_exact_with_steps_per_execution():
+    x, y = _data()
+    reference = _model()
+    reference.compile(loss="mse", steps_per_execution=1)
+    every_step = _EveryStepWeights()
+    reference.fit(_ordered_dataset(x, y, 8), steps_per_epoch=42, epochs=1, verbose=0, callbacks=[every_step])
+
+    model = _model()
+    model.compile(loss="mse", steps_per_execution=7)
+    collector = kt.callbacks.SampleCollector(burn_in_steps=5, every_n_steps=3, max_samples=100)
+    # 42 = 6 executions of 7 steps (Keras runs whole executions).
+    model.fit(_ordered_dataset(x, y, 8), steps_per_epoch=42, epochs=1, verbose=0, callbacks=[collector])
+    np.testing.assert_array_equal(collector.steps, np.arange(8, 43, 3))
+    expected = np.stack([every_step.weights[s - 1] for s in collector.steps])
+    np.testing.assert_array_equal(collector.samples, expected)
+    assert collector.samples.shape == (12, model.num_params)
+
+
+def test_sample_collector_memory_is_bounded_and_stays_evenly_spaced():
+    x, y = _data()
+    model = _model()
+    model.compile(loss="mse", steps_per_execution=10)
+    collector = kt.callbacks.SampleCollector(burn_in_steps=0, every_n_steps=1, max_samples=8)
+    model.fit(_ordered_dataset(x, y, 8), steps_per_epoch=100, epochs=1, verbose=0, callbacks=[collector])
+    steps = collector.steps
+    assert len(steps) <= 8
+    gaps = np.diff(steps)
+    assert np.all(gaps == gaps[0]) and steps[0] == 1
+    assert steps[-1] > 80  # covers the whole run, not just its start
+
+
+def test_sample_collector_argument_errors():
+    with pytest.raises(ValueError, match="every_n_steps"):
+        kt.callbacks.SampleCollector(every_n_steps=0)
+    with pytest.raises(TypeError, match="burn_in_steps"):
+        kt.callbacks.SampleCollector(burn_in_steps=1.5)
+    with pytest.raises(ValueError, match="max_samples"):
+        kt.callbacks.SampleCollector(max_samples=1)
+
+
+# --- diagnostics ------------------------------------------------------------------------------
+
+
+def test_diagnostics_reach_tensorboard_event_files(tmp_path):
+    x, y = _data()
+    model = _model(kt.samplers.SGNHT(1e-3))
+    model.compile(loss="mse")
+    logdir = str(tmp_path)
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[keras.callbacks.TensorBoard(logdir)])
+    tags = set()
+    for path in glob.glob(os.path.join(logdir, "train", "events.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                tags.add(value.tag)
+    assert {"epoch_kinetic_temperature", "epoch_xi", "epoch_potential", "epoch_step_size"} <= tags
+
+
+# --- divergence -------------------------------------------------------------------------------
+
+
+def test_divergence_stops_with_a_clear_error_and_keeps_the_last_finite_state():
+    x, y = _data()
+    x = x * 100.0
+    model = _model(kt.samplers.SGHMC(1.0, friction=1.0), num_examples=10_000)
+    model.compile(loss="mse", steps_per_execution=3)
+    every_step = _EveryStepWeights()
+    with pytest.raises(kt.SamplerDivergedError) as info:
+        model.fit(_ordered_dataset(x, y, 8), steps_per_epoch=200, epochs=1, verbose=0, callbacks=[every_step])
+    message = str(info.value)
+    assert "SGHMC" in message and "step size" in message and "step_size" in message
+    for variable in model.variables:
+        value = variable.numpy()
+        if np.issubdtype(value.dtype, np.floating):
+            assert np.all(np.isfinite(value))
+    step = model.sampler_step
+    assert f"step {step}" in message  # the failing step's index equals the completed-step count
+    flat = np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
+    assert np.all(np.isfinite(flat)) and np.max(np.abs(flat)) > 1.0  # it had moved
