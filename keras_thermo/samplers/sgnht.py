@@ -96,12 +96,16 @@ class SGNHT(Sampler):
             momentum = integrators.euler_momentum(state.momentum, force, noise, state.xi, h, **o_kwargs)
             new_params = integrators.drift(params, momentum, h, self.mass)
             xi = integrators.thermostat(state.xi, momentum, h, **d_kwargs)
+            thermostat_momentum = momentum
         else:
             half = 0.5 * h
             momentum = integrators.kick(state.momentum, force, opening_kick_scale(state.step) * h)
             new_params = integrators.drift(params, momentum, half, self.mass)
             noise = context.normal(state.step, params, kt_random.STREAM_MOMENTUM)
             momentum = integrators.ornstein_uhlenbeck(momentum, noise, state.xi, half, **o_kwargs)
+            # The thermostat controls the kinetic temperature at this point of the step, so that
+            # is the one logged (it averages T exactly once xi is stationary).
+            thermostat_momentum = momentum
             xi = integrators.thermostat(state.xi, momentum, half, **d_kwargs)
             # No C step between the two D half steps here (that is mCCAdL's addition).
             xi = integrators.thermostat(xi, momentum, half, **d_kwargs)
@@ -109,7 +113,9 @@ class SGNHT(Sampler):
             momentum = integrators.ornstein_uhlenbeck(momentum, noise, xi, half, **o_kwargs)
             new_params = integrators.drift(new_params, momentum, half, self.mass)
         diagnostics = {
-            "kinetic_temperature": integrators.kinetic_temperature(momentum, self.mass, d_kwargs["num_params"]),
+            "kinetic_temperature": integrators.kinetic_temperature(
+                thermostat_momentum, self.mass, d_kwargs["num_params"]
+            ),
             "step_size": h,
             "xi": xi,
         }
