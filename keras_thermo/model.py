@@ -375,6 +375,16 @@ class BayesianModel(keras.Model):
         self._raise_if_diverged()
         return history
 
+    def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None, return_dict=False):
+        """`keras.Model.train_on_batch` (one sampler step), building the sampler state first."""
+        self._build_from_data(x, y, None)
+        self._runtime.diverged_at.assign(-1)
+        logs = super().train_on_batch(
+            x, y, sample_weight=sample_weight, class_weight=class_weight, return_dict=return_dict
+        )
+        self._raise_if_diverged()
+        return logs
+
     def _raise_if_diverged(self) -> None:
         step = int(self._runtime.diverged_at.numpy())
         if step >= 0:

@@ -356,3 +356,17 @@ def test_divergence_stops_with_a_clear_error_and_keeps_the_last_finite_state():
     assert f"step {step}" in message  # the failing step's index equals the completed-step count
     flat = np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
     assert np.all(np.isfinite(flat)) and np.max(np.abs(flat)) > 1.0  # it had moved
+
+
+def test_train_on_batch_and_evaluate_before_fit():
+    x, y = _data()
+    model = kt.BayesianModel(keras.Sequential([keras.layers.Dense(1)]), kt.samplers.SGNHT(1e-3), num_examples=N, seed=0)
+    model.compile(loss="mse")
+    model.evaluate(x, y, verbose=0)  # builds the net (and the state) from the data
+    logs = model.train_on_batch(x[:8], y[:8], return_dict=True)
+    assert {"potential", "kinetic_temperature", "xi", "step_size"} <= set(logs)
+    assert model.sampler_step == 1
+    fresh = kt.BayesianModel(keras.Sequential([keras.layers.Dense(1)]), kt.samplers.SGHMC(1e-3), num_examples=N, seed=0)
+    fresh.compile(loss="mse")
+    fresh.train_on_batch(x[:8], y[:8])
+    assert fresh.sampler_step == 1
