@@ -18,6 +18,7 @@ if _backend != "tensorflow":
 
 from keras_thermo import callbacks, priors, samplers, schedules  # noqa: E402
 from keras_thermo.model import BayesianModel, SamplerDivergedError  # noqa: E402
+from keras_thermo.posterior import evaluate_posterior, predict_posterior  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -25,6 +26,8 @@ __all__ = [
     "BayesianModel",
     "SamplerDivergedError",
     "callbacks",
+    "evaluate_posterior",
+    "predict_posterior",
     "priors",
     "samplers",
     "schedules",

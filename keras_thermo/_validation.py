@@ -34,7 +34,7 @@ def check_number(
     too_high = high is not None and (value > high or (value == high and not high_inclusive))
     if too_low or too_high:
         left = "[" if low_inclusive else "("
-        right = "]" if high_inclusive else ")"
+        right = "]" if high_inclusive and high is not None else ")"
         lo = "-inf" if low is None else f"{low:g}"
         hi = "inf" if high is None else f"{high:g}"
         raise ValueError(f"`{name}` must be in {left}{lo}, {hi}{right}, got {value!r}.")
@@ -64,6 +64,13 @@ def check_int(name: str, value: Any, *, low: int | None = None) -> int:
     if low is not None and value < low:
         raise ValueError(f"`{name}` must be an integer >= {low}, got {value!r}.")
     return value
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """True or False (numpy booleans accepted)."""
+    if not isinstance(value, bool) and type(value).__name__ != "bool_":
+        raise TypeError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__}).")
+    return bool(value)
 
 
 def check_choice(name: str, value: Any, allowed: Iterable[str]) -> str:

@@ -183,3 +183,17 @@ class SampleCollector(RecordingCallback):
             "every_n_steps": self.every_n_steps,
             "max_samples": self.max_samples,
         }
+
+
+# Defined in their own modules (they build on RecordingCallback above); exported here so every
+# callback is found in one place.
+from keras_thermo._histograms import TACTHistograms  # noqa: E402
+from keras_thermo.posterior import PosteriorAverage  # noqa: E402
+
+__all__ = [
+    "ParameterRecorder",
+    "PosteriorAverage",
+    "RecordingCallback",
+    "SampleCollector",
+    "TACTHistograms",
+]

@@ -614,3 +614,28 @@ def load_digits_7_vs_9(split: str = "train", **kwargs: Any) -> ClassificationDat
         2
     """
     return load_digits(split, classes=(7, 9), **kwargs)
+
+
+def random_minibatches(x, y, batch_size: int, *, seed: int, with_replacement: bool = True) -> tf.data.Dataset:
+    """An endless stream of minibatches of `(x, y)`.
+
+    With replacement (the default, and the papers' protocol), every minibatch is an independent
+    draw, so the gradient noise is white, which is what thermostat theory assumes. Reshuffled
+    epochs without replacement make the noise of the minibatches of one epoch sum to zero; with
+    few minibatches per epoch that anti-correlation matters, and noise-absorbing thermostats
+    (SGNHT) then over-damp and sample too cold. `batch_size == len(x)` gives the full batch.
+    """
+    num_examples = len(x)
+    x, y = tf.constant(x), tf.constant(y)
+    if batch_size >= num_examples:
+        return tf.data.Dataset.from_tensors((x, y)).repeat()
+    if not with_replacement:
+        # One long epoch stream: per-epoch overhead would dominate a model this small.
+        return (
+            tf.data.Dataset.from_tensor_slices((x, y))
+            .shuffle(num_examples, seed=seed, reshuffle_each_iteration=True)
+            .repeat()
+            .batch(batch_size, drop_remainder=True)
+        )
+    indices = tf.data.Dataset.random(seed=seed).map(lambda r: tf.math.floormod(r, num_examples))
+    return indices.batch(batch_size).map(lambda i: (tf.gather(x, i), tf.gather(y, i)))

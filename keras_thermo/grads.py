@@ -96,7 +96,7 @@ LossLike = Union[keras.losses.Loss, Callable[..., Any], str]
 
 # Reductions for which the loss of a batch is the mean of its per-example
 # losses, so per-example losses computed on batches of one average to it.
-_MEAN_REDUCTIONS = ("sum_over_batch_size", "mean")
+PER_EXAMPLE_MEAN_REDUCTIONS = ("sum_over_batch_size", "mean")
 
 # Layers whose random noise is switched off by one attribute being 0.
 _NOISE_LEVEL_ATTRIBUTE = (
@@ -308,10 +308,10 @@ def _resolve_loss(loss_fn: LossLike) -> Callable[..., Any]:
             f"callable or a loss name; got {loss_fn!r}."
         )
     if isinstance(loss_fn, keras.losses.Loss):
-        if loss_fn.reduction not in _MEAN_REDUCTIONS:
+        if loss_fn.reduction not in PER_EXAMPLE_MEAN_REDUCTIONS:
             raise ValueError(
                 "per_example_gradients: `loss_fn.reduction` must be one of "
-                f"{_MEAN_REDUCTIONS}, so that the batch loss is the mean of "
+                f"{PER_EXAMPLE_MEAN_REDUCTIONS}, so that the batch loss is the mean of "
                 f"the per-example losses; got {loss_fn.reduction!r}."
             )
     return loss_fn

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import inspect
 import random as py_random
-from typing import Any, Sequence
+from typing import Any
 
 import keras
 import tensorflow as tf
 from keras.src.trainers.data_adapters import data_adapter_utils
 
+from keras_thermo import grads as kt_grads
 from keras_thermo import priors as kt_priors
 from keras_thermo import samplers as kt_samplers
 from keras_thermo._validation import check_int, check_positive, check_seed
@@ -171,11 +172,16 @@ class BayesianModel(keras.Model):
                 "`loss` is required: the potential is U = num_examples * loss + prior, so "
                 "compile with the model's per-example loss, e.g. loss='mse'."
             )
+        allowed = _MEAN_REDUCTIONS
+        if self.sampler.needs_per_example_gradients:
+            # The batch loss must be the plain mean of the per-example losses.
+            allowed = kt_grads.PER_EXAMPLE_MEAN_REDUCTIONS
         for description, reduction in _loss_reductions(loss):
-            if reduction not in _MEAN_REDUCTIONS:
+            if reduction not in allowed:
                 raise ValueError(
                     f"`loss` {description} has reduction={reduction!r}; the potential "
-                    f"U = num_examples * loss needs a batch mean, one of {list(_MEAN_REDUCTIONS)}."
+                    f"U = num_examples * loss with sampler {type(self.sampler).__name__} needs "
+                    f"a batch mean, one of {list(allowed)}."
                 )
         super().compile(optimizer=None, loss=loss, **kwargs)
 
@@ -300,8 +306,6 @@ class BayesianModel(keras.Model):
         return logs
 
     def _per_example_gradients(self, x, y, sample_weight):
-        from keras_thermo import grads as kt_grads  # noqa: PLC0415 (only samplers that need it)
-
         return kt_grads.per_example_gradients(self.net, self.loss, x, y, sample_weight)
 
     def _apply_if_finite(self, variables, new_params, state, new_state, potential) -> None:

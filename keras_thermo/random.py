@@ -17,6 +17,7 @@ STREAM_INIT = 0
 STREAM_MOMENTUM = 1
 STREAM_MOMENTUM_2 = 2
 STREAM_TEMPERING = 3
+STREAM_TEMPERING_INIT = 4
 
 
 def step_key(seed: int, step: tf.Tensor, stream: int) -> tf.Tensor:

@@ -26,17 +26,25 @@ from typing import Callable
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 import keras_thermo as kt
+from keras_thermo import data as kt_data
 
 
-def linear_regression_data(num_examples: int, num_features: int, *, noise_std: float = 0.7, seed: int = 0):
-    """Synthetic regression data `x ~ N(0, I)`, `y = x . w + b + noise` (float32)."""
+def linear_regression_data(
+    num_examples: int, num_features: int, *, noise_std: float = 0.7, weight_scale: float = 1.0, seed: int = 0
+):
+    """Synthetic regression data `x ~ N(0, I)`, `y = x . w + b + noise` (float32).
+
+    `w ~ N(0, weight_scale^2 I)` and `b = weight_scale / 2`. With `weight_scale=0` the posterior
+    sits at the origin, where the minibatch gradient noise `-2 r_i [x_i, 1]` is isotropic and
+    independent of theta (the curvature part of the noise scales with |theta|): the regime that
+    SGNHT's scalar thermostat assumes.
+    """
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(num_examples, num_features))
-    w = rng.normal(size=num_features)
-    y = x @ w + 0.5 + noise_std * rng.normal(size=num_examples)
+    w = weight_scale * rng.normal(size=num_features)
+    y = x @ w + 0.5 * weight_scale + noise_std * rng.normal(size=num_examples)
     return x.astype(np.float32), y[:, None].astype(np.float32)
 
 
@@ -92,20 +100,25 @@ def run_chains(
     steps_per_execution: int = 100,
     seed: int = 0,
     log_keys: tuple = ("kinetic_temperature",),
+    with_replacement: bool = True,
+    initial_params: np.ndarray | None = None,
 ) -> ChainResult:
     """Runs independent chains of a fresh `BayesianModel` each (different seed and data order).
 
-    Every chain starts from the same initial weights (zeros); `num_steps` sampler steps are taken
-    with shuffled minibatches of `batch_size` (full batch when `batch_size == len(x)`).
+    Every chain starts from the same weights, `initial_params` (`[kernel..., bias]`, default
+    zeros), and takes `num_steps` sampler steps on minibatches from `keras_thermo.data.random_minibatches` (full batch
+    when `batch_size == len(x)`).
     """
+    start = np.zeros(x.shape[1] + 1, np.float32) if initial_params is None else initial_params
     num_examples = len(x)
     max_samples = (num_steps - burn_in_steps) // every_n_steps
     all_samples, all_logs = [], {k: [] for k in log_keys}
     for chain in range(num_chains):
         chain_seed = seed * 1000 + chain
         net = linear_regression_net(x.shape[1])
-        for variable in net.trainable_variables:
-            variable.assign(np.zeros(variable.shape, np.float32))
+        kernel, bias = net.trainable_variables
+        kernel.assign(np.reshape(start[:-1], kernel.shape).astype(np.float32))
+        bias.assign(np.reshape(start[-1:], bias.shape).astype(np.float32))
         model = kt.BayesianModel(
             net, make_sampler(), num_examples=num_examples, prior=kt.priors.Gaussian(prior_std),
             temperature=temperature, seed=chain_seed,
@@ -113,14 +126,7 @@ def run_chains(
         model.compile(loss="mse", steps_per_execution=steps_per_execution)
         collector = kt.callbacks.SampleCollector(burn_in_steps, every_n_steps, max_samples=max_samples)
         recorder = _LogRecorder(log_keys)
-        # One long epoch over a reshuffled, repeated stream: per-epoch overhead would dominate
-        # a model this small.
-        data = (
-            tf.data.Dataset.from_tensor_slices((x, y))
-            .shuffle(num_examples, seed=chain_seed, reshuffle_each_iteration=True)
-            .repeat()
-            .batch(batch_size, drop_remainder=True)
-        )
+        data = kt_data.random_minibatches(x, y, batch_size, seed=chain_seed, with_replacement=with_replacement)
         model.fit(data, steps_per_epoch=num_steps, epochs=1, verbose=0, callbacks=[collector, recorder])
         all_samples.append(collector.samples[:max_samples])
         for key in log_keys:

@@ -191,7 +191,7 @@ BAD_MODEL_INPUTS = [
     (dict(temperature=-1.0), ValueError, ["temperature", "-1.0"]),
     (dict(seed=-3), ValueError, ["seed", "-3"]),
     (dict(prior=lambda w: 0.0), TypeError, ["prior"]),
-    (dict(sampler="hmc"), ValueError, ["name", "hmc"]),
+    (dict(sampler="hmc"), ValueError, ["identifier", "hmc"]),
     (dict(net="not a model"), TypeError, ["net", "str"]),
 ]
 
@@ -370,3 +370,10 @@ def test_train_on_batch_and_evaluate_before_fit():
     fresh.compile(loss="mse")
     fresh.train_on_batch(x[:8], y[:8])
     assert fresh.sampler_step == 1
+
+
+def test_per_example_samplers_refuse_a_weighted_mean_reduction():
+    model = _model(kt.samplers.MCCAdL(1e-3))
+    with pytest.raises(ValueError, match="mean_with_sample_weight.*MCCAdL"):
+        model.compile(loss=keras.losses.MeanSquaredError(reduction="mean_with_sample_weight"))
+    _model(kt.samplers.SGNHT(1e-3)).compile(loss=keras.losses.MeanSquaredError(reduction="mean_with_sample_weight"))

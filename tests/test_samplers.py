@@ -202,16 +202,16 @@ def test_get_by_name():
     sampler = kt.samplers.get("sgnht", step_size=0.01, integrator="symmetric")
     assert isinstance(sampler, kt.samplers.SGNHT) and sampler.integrator == "symmetric"
     assert isinstance(kt.samplers.get("SGHMC", step_size=0.1), kt.samplers.SGHMC)
-    with pytest.raises(ValueError, match="`name` must be one of .*'nuts'"):
+    with pytest.raises(ValueError, match="`identifier` must be one of .*'nuts'"):
         kt.samplers.get("nuts", step_size=0.1)
 
 
 # Bad inputs: (constructor, kwargs, error type, words the message must contain).
 BAD_INPUTS = [
-    (kt.samplers.SGLD, {"step_size": 0.0}, ValueError, ["step_size", "0.0", "(0, inf]"]),
+    (kt.samplers.SGLD, {"step_size": 0.0}, ValueError, ["step_size", "0.0", "(0, inf)"]),
     (kt.samplers.SGLD, {"step_size": -1e-3}, ValueError, ["step_size", "-0.001"]),
     (kt.samplers.SGLD, {"step_size": float("nan")}, ValueError, ["step_size", "finite"]),
-    (kt.samplers.SGLD, {"step_size": "big"}, TypeError, ["step_size", "'big'"]),
+    (kt.samplers.SGLD, {"step_size": "big"}, TypeError, ["step_size", "'big'", "LearningRateSchedule"]),
     (kt.samplers.SGHMC, {"step_size": 0.1, "friction": 0.0}, ValueError, ["friction", "0.0"]),
     (kt.samplers.SGHMC, {"step_size": 0.1, "mass": -2}, ValueError, ["mass", "-2"]),
     (kt.samplers.SGNHT, {"step_size": 0.1, "thermal_mass": 0}, ValueError, ["thermal_mass", "0"]),

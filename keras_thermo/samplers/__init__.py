@@ -1,7 +1,7 @@
 """Samplers: one module per method, each a small class over an explicit state.
 
-`get(name, **kwargs)` builds one by name: `sgld`, `sghmc`, `sgnht` (and, as they are added,
-`ccadl`, `mccadl`, `tact_hmc`).
+`get(name, **kwargs)` builds one by name: `sgld`, `sghmc`, `sgnht`, `ccadl`, `mccadl`,
+`tact_hmc`; `available()` lists the names.
 """
 
 from __future__ import annotations
@@ -9,15 +9,26 @@ from __future__ import annotations
 import keras
 
 from keras_thermo.samplers.base import Sampler, StepContext
+from keras_thermo.samplers.ccadl import CCAdL
+from keras_thermo.samplers.mccadl import MCCAdL
 from keras_thermo.samplers.sghmc import SGHMC
 from keras_thermo.samplers.sgld import SGLD
 from keras_thermo.samplers.sgnht import SGNHT
+from keras_thermo.samplers.tact_hmc import TACTHMC
 
 _REGISTRY: dict[str, type[Sampler]] = {
     "sgld": SGLD,
     "sghmc": SGHMC,
     "sgnht": SGNHT,
+    "ccadl": CCAdL,
+    "mccadl": MCCAdL,
+    "tact_hmc": TACTHMC,
 }
+
+
+def available() -> list[str]:
+    """The names `get` accepts."""
+    return sorted(_REGISTRY)
 
 
 def register(name: str, cls: type[Sampler]) -> None:
@@ -35,18 +46,24 @@ def get(identifier, **kwargs) -> Sampler:
     """
     if isinstance(identifier, Sampler):
         if kwargs:
-            raise ValueError(f"Keyword arguments {sorted(kwargs)} given with a sampler instance.")
+            raise ValueError(
+                f"Keyword arguments {sorted(kwargs)} were given with the sampler instance "
+                f"{identifier!r}; pass either an instance, or a name with keyword arguments."
+            )
         return identifier
     if isinstance(identifier, dict):
         return keras.saving.deserialize_keras_object(identifier)
     if isinstance(identifier, str):
         key = identifier.lower().replace("-", "_")
         if key not in _REGISTRY:
-            raise ValueError(f"`name` must be one of {sorted(_REGISTRY)}, got {identifier!r}.")
+            raise ValueError(f"`identifier` must be one of {sorted(_REGISTRY)}, got {identifier!r}.")
         return _REGISTRY[key](**kwargs)
     raise TypeError(
         f"`identifier` must be a sampler name, a config dict or a Sampler, got {identifier!r}."
     )
 
 
-__all__ = ["Sampler", "StepContext", "SGLD", "SGHMC", "SGNHT", "get", "register"]
+__all__ = [
+    "Sampler", "StepContext", "SGLD", "SGHMC", "SGNHT", "CCAdL", "MCCAdL", "TACTHMC",
+    "available", "get", "register",
+]

@@ -14,7 +14,7 @@ import keras
 import tensorflow as tf
 
 from keras_thermo import random as kt_random
-from keras_thermo._validation import check_positive
+from keras_thermo._validation import check_optional_positive, check_positive
 
 Tensors = list[tf.Tensor]
 
@@ -50,7 +50,8 @@ def num_scalars(tensors: Sequence[tf.Tensor]) -> int:
     for tensor in tensors:
         shape = tensor.shape
         if not shape.is_fully_defined():
-            raise ValueError(f"Trainable variable with unknown shape {shape} cannot be sampled.")
+            name = getattr(tensor, "path", getattr(tensor, "name", "?"))
+            raise ValueError(f"Trainable variable {name!r} has unknown shape {shape}; it cannot be sampled.")
         total += shape.num_elements()
     return total
 
@@ -78,8 +79,13 @@ class Sampler:
     def __init__(self, step_size: float | keras.optimizers.schedules.LearningRateSchedule):
         if isinstance(step_size, keras.optimizers.schedules.LearningRateSchedule):
             self.step_size = step_size
-        else:
+        elif isinstance(step_size, (int, float)) and not isinstance(step_size, bool):
             self.step_size = check_positive("step_size", step_size)
+        else:
+            raise TypeError(
+                f"`step_size` must be a positive float or a keras LearningRateSchedule, got "
+                f"{step_size!r} ({type(step_size).__name__})."
+            )
 
     # --- to be provided by subclasses -------------------------------------------------------
 
@@ -126,3 +132,64 @@ class Sampler:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
         return f"{type(self).__name__}({args})"
+
+
+class ThermostatSampler(Sampler):
+    """Shared parts of the samplers with momentum `p`, friction A and a thermostat `xi`
+    (SGNHT, CCAdL, mCCAdL): argument checks, `p_0 ~ N(0, T M)`, `xi_0 = A`, and the keyword
+    bundles of the O and D steps."""
+
+    def __init__(self, step_size, friction: float = 1.0, thermal_mass: float | None = None, mass: float = 1.0):
+        super().__init__(step_size)
+        self.friction = check_positive("friction", friction)
+        self.thermal_mass = check_optional_positive("thermal_mass", thermal_mass)
+        self.mass = check_positive("mass", mass)
+
+    def initial_momentum_and_xi(self, params, *, temperature: float, seed: int):
+        momentum = sample_momentum(params, seed=seed, temperature=temperature, mass=self.mass)
+        return momentum, tf.constant(self.friction, tf.float32)
+
+    def ou_kwargs(self, context: StepContext) -> dict:
+        """Keyword arguments of `integrators.ornstein_uhlenbeck` / `euler_momentum`."""
+        return {"noise_friction": self.friction, "temperature": context.temperature, "mass": self.mass}
+
+    def thermostat_kwargs(self, params, context: StepContext) -> dict:
+        """Keyword arguments of `integrators.thermostat` (thermal mass defaults to Nd)."""
+        num_params = num_scalars(params)
+        return {
+            "thermal_mass": self.thermal_mass or float(num_params),
+            "num_params": num_params,
+            "temperature": context.temperature,
+            "mass": self.mass,
+        }
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            **super().get_config(),
+            "friction": self.friction,
+            "thermal_mass": self.thermal_mass,
+            "mass": self.mass,
+        }
+
+
+def require_per_example_gradients(context: StepContext, sampler_name: str) -> tf.Tensor:
+    """The `[n, Nd]` per-example gradients of the step; a clear error when they are missing."""
+    if context.per_example_gradients is None:
+        raise ValueError(
+            f"{sampler_name} needs the per-example gradients of the minibatch in "
+            "`context.per_example_gradients` (shape [n, Nd]); BayesianModel supplies them "
+            "because the sampler sets `needs_per_example_gradients = True`. When calling "
+            "`update` directly, pass them in the StepContext."
+        )
+    rows = context.per_example_gradients.shape[0]
+    if rows is not None and rows < 2:
+        raise ValueError(
+            f"{sampler_name} estimates the gradient-noise covariance from the minibatch, which "
+            f"needs a batch size of at least 2; got per-example gradients for {rows} example(s)."
+        )
+    return tf.cast(context.per_example_gradients, tf.float32)
+
+
+def force_noise_scale(context: StepContext) -> tf.Tensor:
+    """`N^2 / n`: the covariance of the noisy force is this times that of one example's gradient."""
+    return float(context.num_examples) ** 2 / tf.cast(context.batch_size, tf.float32)

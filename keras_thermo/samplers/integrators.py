@@ -7,6 +7,7 @@ Names follow the splitting literature (Leimkuhler & Matthews; Wei & Shang 2026, 
 - O `ornstein_uhlenbeck`: exact flow of dp = -xi p dt + sqrt(2 A T) M^1/2 dW over tau
 - D `thermostat`:  xi += (tau / mu) (p.M^-1.p - Nd T)
 - `euler_momentum`: the Euler step of SGHMC/SGNHT, p += h F - h xi p + sqrt(2 A T h) M^1/2 R
+- `symmetric_step`: the splitting B A O D [C] D O A B of SGNHT (symmetric) and mCCAdL
 
 Samplers are sequences of these; a newcomer finds each rule here, once.
 """
@@ -16,6 +17,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import tensorflow as tf
+
+from keras_thermo.random import STREAM_MOMENTUM, STREAM_MOMENTUM_2
 
 Tensors = list[tf.Tensor]
 
@@ -110,3 +113,49 @@ def thermostat(
     """D: `xi + (tau / mu) (p.M^-1.p - Nd T)`: rises when the system runs hotter than T."""
     excess = twice_kinetic_energy(momentum, mass) - num_params * temperature
     return xi + (tau / thermal_mass) * excess
+
+
+def opening_kick_scale(step: tf.Tensor) -> tf.Tensor:
+    """1 for a merged closing + opening half kick, 1/2 on the first step (nothing to close)."""
+    return tf.where(tf.equal(step, 0), 0.5, 1.0)
+
+
+def symmetric_step(state, params, force, h, context, *, ou_kwargs, thermostat_kwargs, covariance_step=None):
+    """One step of the symmetric splitting B A O D [C] D O A B, with one force per step.
+
+    Shared by SGNHT (`integrator="symmetric"`, no C step) and mCCAdL (with its C step). The
+    closing half kick of step t and the opening half kick of step t+1 use the same force, so this
+    applies one kick `h F(theta_t)` (`h F / 2` on the very first step), then A O D [C] D O A. With
+    a step-size schedule the merged kick uses the current h for both halves (an O(h_t - h_{t-1})
+    departure from the exact splitting).
+
+    Args:
+        state: A state with `step`, `momentum` and `xi`.
+        params, force: theta and F(theta), lists of tensors.
+        h: Step size.
+        context: The step's `StepContext` (its `normal` draws the O steps' noise).
+        ou_kwargs: Keyword arguments of `ornstein_uhlenbeck` (A, T, M).
+        thermostat_kwargs: Keyword arguments of `thermostat` (mu, Nd, T, M).
+        covariance_step: Optional `momentum -> (momentum, extras)`, the C step.
+
+    Returns:
+        `(params, momentum, xi, thermostat_momentum, extras)`; `thermostat_momentum` is the
+        momentum the first D step saw, whose kinetic temperature the thermostat controls.
+    """
+    half = 0.5 * h
+    mass = ou_kwargs["mass"]
+    first_step = tf.equal(state.step, 0)
+    momentum = kick(state.momentum, force, tf.where(first_step, 0.5, 1.0) * h)  # B B
+    new_params = drift(params, momentum, half, mass)  # A
+    noise = context.normal(state.step, params, STREAM_MOMENTUM)
+    momentum = ornstein_uhlenbeck(momentum, noise, state.xi, half, **ou_kwargs)  # O
+    thermostat_momentum = momentum
+    xi = thermostat(state.xi, momentum, half, **thermostat_kwargs)  # D
+    extras = None
+    if covariance_step is not None:
+        momentum, extras = covariance_step(momentum)  # C
+    xi = thermostat(xi, momentum, half, **thermostat_kwargs)  # D
+    noise = context.normal(state.step, params, STREAM_MOMENTUM_2)
+    momentum = ornstein_uhlenbeck(momentum, noise, xi, half, **ou_kwargs)  # O
+    new_params = drift(new_params, momentum, half, mass)  # A; the closing B opens the next step
+    return new_params, momentum, xi, thermostat_momentum, extras

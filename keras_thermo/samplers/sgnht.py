@@ -18,9 +18,9 @@ import keras
 import tensorflow as tf
 
 from keras_thermo import random as kt_random
-from keras_thermo._validation import check_choice, check_optional_positive, check_positive
+from keras_thermo._validation import check_choice
 from keras_thermo.samplers import integrators
-from keras_thermo.samplers.base import Sampler, StepContext, num_scalars, sample_momentum
+from keras_thermo.samplers.base import StepContext, ThermostatSampler
 
 
 class SGNHTState(NamedTuple):
@@ -29,13 +29,8 @@ class SGNHTState(NamedTuple):
     xi: tf.Tensor
 
 
-def opening_kick_scale(step: tf.Tensor) -> tf.Tensor:
-    """1 for a merged closing + opening half kick, 1/2 on the first step (nothing to close)."""
-    return tf.where(tf.equal(step, 0), 0.5, 1.0)
-
-
 @keras.saving.register_keras_serializable(package="keras_thermo")
-class SGNHT(Sampler):
+class SGNHT(ThermostatSampler):
     """SGNHT: SGHMC whose friction xi is a thermostat driven to the target kinetic temperature.
 
     The thermostat absorbs gradient noise whose covariance is (roughly) isotropic and constant;
@@ -66,55 +61,31 @@ class SGNHT(Sampler):
         mass: float = 1.0,
         integrator: str = "euler",
     ):
-        super().__init__(step_size)
-        self.friction = check_positive("friction", friction)
-        self.thermal_mass = check_optional_positive("thermal_mass", thermal_mass)
-        self.mass = check_positive("mass", mass)
+        super().__init__(step_size, friction=friction, thermal_mass=thermal_mass, mass=mass)
         self.integrator = check_choice("integrator", integrator, ("euler", "symmetric"))
 
     def init(self, params: Sequence[tf.Tensor], *, temperature: float, seed: int) -> SGNHTState:
-        momentum = sample_momentum(params, seed=seed, temperature=temperature, mass=self.mass)
-        return SGNHTState(
-            step=tf.constant(0, tf.int64), momentum=momentum, xi=tf.constant(self.friction, tf.float32)
-        )
-
-    def _thermostat_kwargs(self, params, context: StepContext) -> dict:
-        num_params = num_scalars(params)
-        return {
-            "thermal_mass": self.thermal_mass or float(num_params),
-            "num_params": num_params,
-            "temperature": context.temperature,
-            "mass": self.mass,
-        }
+        momentum, xi = self.initial_momentum_and_xi(params, temperature=temperature, seed=seed)
+        return SGNHTState(step=tf.constant(0, tf.int64), momentum=momentum, xi=xi)
 
     def update(self, state: SGNHTState, params, force, context: StepContext):
         h = self.step_size_at(state.step)
-        d_kwargs = self._thermostat_kwargs(params, context)
-        o_kwargs = {"noise_friction": self.friction, "temperature": context.temperature, "mass": self.mass}
+        ou_kwargs = self.ou_kwargs(context)
+        thermostat_kwargs = self.thermostat_kwargs(params, context)
         if self.integrator == "euler":
             noise = context.normal(state.step, params, kt_random.STREAM_MOMENTUM)
-            momentum = integrators.euler_momentum(state.momentum, force, noise, state.xi, h, **o_kwargs)
+            momentum = integrators.euler_momentum(state.momentum, force, noise, state.xi, h, **ou_kwargs)
             new_params = integrators.drift(params, momentum, h, self.mass)
-            xi = integrators.thermostat(state.xi, momentum, h, **d_kwargs)
+            xi = integrators.thermostat(state.xi, momentum, h, **thermostat_kwargs)
             thermostat_momentum = momentum
         else:
-            half = 0.5 * h
-            momentum = integrators.kick(state.momentum, force, opening_kick_scale(state.step) * h)
-            new_params = integrators.drift(params, momentum, half, self.mass)
-            noise = context.normal(state.step, params, kt_random.STREAM_MOMENTUM)
-            momentum = integrators.ornstein_uhlenbeck(momentum, noise, state.xi, half, **o_kwargs)
-            # The thermostat controls the kinetic temperature at this point of the step, so that
-            # is the one logged (it averages T exactly once xi is stationary).
-            thermostat_momentum = momentum
-            xi = integrators.thermostat(state.xi, momentum, half, **d_kwargs)
-            # No C step between the two D half steps here (that is mCCAdL's addition).
-            xi = integrators.thermostat(xi, momentum, half, **d_kwargs)
-            noise = context.normal(state.step, params, kt_random.STREAM_MOMENTUM_2)
-            momentum = integrators.ornstein_uhlenbeck(momentum, noise, xi, half, **o_kwargs)
-            new_params = integrators.drift(new_params, momentum, half, self.mass)
+            new_params, momentum, xi, thermostat_momentum, _ = integrators.symmetric_step(
+                state, params, force, h, context, ou_kwargs=ou_kwargs, thermostat_kwargs=thermostat_kwargs
+            )
         diagnostics = {
+            # At the point the thermostat sees: it averages T exactly once xi is stationary.
             "kinetic_temperature": integrators.kinetic_temperature(
-                thermostat_momentum, self.mass, d_kwargs["num_params"]
+                thermostat_momentum, self.mass, thermostat_kwargs["num_params"]
             ),
             "step_size": h,
             "xi": xi,
@@ -122,10 +93,4 @@ class SGNHT(Sampler):
         return new_params, SGNHTState(step=state.step + 1, momentum=momentum, xi=xi), diagnostics
 
     def get_config(self):
-        return {
-            **super().get_config(),
-            "friction": self.friction,
-            "thermal_mass": self.thermal_mass,
-            "mass": self.mass,
-            "integrator": self.integrator,
-        }
+        return {**super().get_config(), "integrator": self.integrator}

@@ -1,0 +1,692 @@
+"""The benchmark runner: one YAML config in, results.json + Markdown table + plots + TensorBoard out.
+
+    python -m benchmarks.run configs/<name>.yaml [--quick] [--mock-data] [--out DIR]
+                             [--data-dir DIR] [--methods a,b] [--verbose 0|1|2]
+
+A config names a classification task (dataset, network, label noise levels), a training budget
+and a list of methods. Point-estimate baselines (`optimizer:`) train the network with plain
+`keras.Model.compile(optimizer=...)`; samplers (`sampler:`) wrap the same network, from the same
+initial weights, in `kt.BayesianModel` with `kt.samplers.get(name, **options)`, a Gaussian prior
+and `num_examples` from the data, and are evaluated by the posterior average over their samples
+(`PosteriorAverage`). Results follow the layout of Luo et al. (2018), Table 1: one row per
+method, one column per fraction of training labels permuted at every epoch.
+
+Config schema (keys not listed are errors):
+
+    name: digits                       # used in titles and the default output folder
+    title: "MLP on 8x8 digits"         # optional; the table's caption
+    extends: other.yaml                # optional; this file's keys override the other's
+    only: [sgnht]                      # optional; keep only these methods (after `extends`)
+    data:
+      dataset: digits                  # digits | emnist_balanced | fashion_mnist | cifar10
+      options: {}                      # passed to the loader (flatten, squeeze_channels, ...)
+      label_noise: [0.0, 0.2]          # fractions permuted each epoch (Table 1's columns)
+      eval_batch_size: 1000            # batch size for test-set predictions
+    model:
+      builder: digits_mlp              # a function of keras_thermo.models
+      options: {hidden: 50}
+    training:
+      epochs: 60
+      batch_size: 32
+      steps_per_execution: 1
+      seed: 0
+    evaluation:
+      burn_in_epochs: 10               # or burn_in_steps
+      every_n_steps: 10                # thinning of the posterior average
+      weighting: uniform               # or step_size (SGLD)
+      num_bins: 15                     # ECE / reliability diagram bins
+    methods:                           # key -> method; the key names outputs and --methods
+      adam: {label: Adam, optimizer: adam, options: {learning_rate: 1.0e-3}}
+      sgnht:
+        label: SGNHT
+        sampler: sgnht
+        options: {step_size: 5.0e-3, friction: 10.0}
+        prior_std: 1.0                 # Gaussian prior N(0, std^2); null for a flat prior
+        temperature: 1.0
+        evaluation: {every_n_steps: 50}   # optional per-method evaluation overrides
+    quick:                             # applied by --quick (a few minutes on a CPU)
+      epochs: 2
+      train_limit: 2000                # TFDS tasks: first examples of each split
+      test_limit: 1000
+      mock_examples: 64                # examples per split under --mock-data
+      burn_in_epochs: 0
+      every_n_steps: 1
+      label_noise: [0.0]
+      methods: {tact_hmc: {sample_every: 1}}   # per-method hyperparameter overrides
+
+Outputs in `--out` (default `runs/<name>`): `results.json` (the resolved config, metrics and
+per-epoch history of every run; NaN written as null), `table.md`, `accuracy.png`, `nll.png`,
+`reliability.png`, and `tensorboard/<method>/noise<pct>/` logs.
+
+A TFDS dataset that is not prepared stops the runner with a message that says how to prepare
+it (or to pass `--mock-data`), exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+TOP_LEVEL_KEYS = {"name", "title", "extends", "only", "data", "model", "training", "evaluation", "methods", "quick"}
+DATA_KEYS = {"dataset", "options", "label_noise", "eval_batch_size"}
+MODEL_KEYS = {"builder", "options"}
+TRAINING_KEYS = {"epochs", "batch_size", "steps_per_execution", "seed"}
+EVALUATION_KEYS = {"burn_in_epochs", "burn_in_steps", "every_n_steps", "weighting", "num_bins"}
+METHOD_KEYS = {"label", "optimizer", "sampler", "options", "prior_std", "temperature", "evaluation"}
+QUICK_KEYS = {
+    "epochs", "train_limit", "test_limit", "mock_examples", "burn_in_epochs", "burn_in_steps",
+    "every_n_steps", "label_noise", "methods",
+}
+DATASETS = ("digits", "emnist_balanced", "fashion_mnist", "cifar10")
+DEFAULT_MOCK_EXAMPLES = 64
+EXIT_ERROR = 2  # missing data or a bad config, like argparse usage errors
+
+
+class ConfigError(ValueError):
+    """A config file that does not follow the schema of this module."""
+
+
+# --------------------------------------------------------------------------------------------
+# Config: load, inherit, validate, shrink for --quick
+
+
+def _merge(base: dict, override: dict) -> dict:
+    """`override` on top of `base`, recursively for mappings (other values are replaced)."""
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    path = path.resolve()
+    if path in seen:
+        raise ConfigError(f"`extends` loops back to {path}.")
+    if not path.is_file():
+        raise ConfigError(f"Config file {str(path)!r} does not exist.")
+    with open(path, encoding="utf-8") as handle:
+        config = yaml.safe_load(handle) or {}
+    if not isinstance(config, dict):
+        raise ConfigError(f"Config {str(path)!r} must be a mapping at the top level, got {type(config).__name__}.")
+    parent = config.pop("extends", None)
+    if parent is None:
+        return config
+    if not isinstance(parent, str):
+        raise ConfigError(f"`extends` in {str(path)!r} must be a file name, got {parent!r}.")
+    base = _read_yaml(path.parent / parent, seen + (path,))
+    base.pop("only", None)  # a selection applies to the file that states it
+    return _merge(base, config)
+
+
+def _check_keys(where: str, mapping: Any, allowed: set[str]) -> dict:
+    if mapping is None:
+        return {}
+    if not isinstance(mapping, dict):
+        raise ConfigError(f"`{where}` must be a mapping, got {mapping!r}.")
+    unknown = sorted(set(mapping) - allowed)
+    if unknown:
+        raise ConfigError(f"`{where}` has unknown keys {unknown}; allowed: {sorted(allowed)}.")
+    return mapping
+
+
+def load_config(path: str | os.PathLike) -> dict:
+    """Reads a config, resolves `extends` and `only`, and checks it against the schema.
+
+    Returns:
+        The resolved config (a plain dict), ready for `run_config`.
+
+    Raises:
+        ConfigError: A key is unknown, a required one is missing, or a value is malformed.
+    """
+    config = _read_yaml(Path(path))
+    _check_keys("config", config, TOP_LEVEL_KEYS)
+    for key in ("name", "data", "model", "training", "methods"):
+        if key not in config:
+            raise ConfigError(f"Config {str(path)!r} lacks the required key `{key}`.")
+    data = _check_keys("data", config["data"], DATA_KEYS)
+    if data.get("dataset") not in DATASETS:
+        raise ConfigError(f"`data.dataset` must be one of {list(DATASETS)}, got {data.get('dataset')!r}.")
+    noise = data.setdefault("label_noise", [0.0])
+    data["label_noise"] = [float(v) for v in (noise if isinstance(noise, list) else [noise])]
+    if not data["label_noise"] or any(not 0.0 <= v <= 1.0 for v in data["label_noise"]):
+        raise ConfigError(f"`data.label_noise` must be fractions in [0, 1], got {noise!r}.")
+    data.setdefault("options", {})
+    data.setdefault("eval_batch_size", 1000)
+    model = _check_keys("model", config["model"], MODEL_KEYS)
+    model.setdefault("options", {})
+    training = _check_keys("training", config["training"], TRAINING_KEYS)
+    for key in ("epochs", "batch_size"):
+        if not isinstance(training.get(key), int) or training[key] < 1:
+            raise ConfigError(f"`training.{key}` must be a positive integer, got {training.get(key)!r}.")
+    training.setdefault("steps_per_execution", 1)
+    training.setdefault("seed", 0)
+    config["evaluation"] = _check_keys("evaluation", config.get("evaluation"), EVALUATION_KEYS)
+    config["quick"] = _check_keys("quick", config.get("quick"), QUICK_KEYS)
+
+    methods = config["methods"]
+    if not isinstance(methods, dict) or not methods:
+        raise ConfigError(f"`methods` must be a non-empty mapping of key -> method, got {methods!r}.")
+    for key, method in methods.items():
+        _check_keys(f"methods.{key}", method, METHOD_KEYS)
+        if ("optimizer" in method) == ("sampler" in method):
+            raise ConfigError(f"`methods.{key}` must have exactly one of `optimizer` and `sampler`.")
+        method.setdefault("label", key)
+        method.setdefault("options", {})
+        _check_keys(f"methods.{key}.evaluation", method.get("evaluation"), EVALUATION_KEYS)
+    only = config.pop("only", None)
+    if only is not None:
+        config["methods"] = select_methods(methods, only)
+    config["title"] = config.get("title") or str(config["name"])
+    return config
+
+
+def select_methods(methods: dict, keys: list[str] | str) -> dict:
+    """The methods named in `keys` (a list or a comma-separated string), in config order."""
+    wanted = [k.strip() for k in (keys.split(",") if isinstance(keys, str) else keys) if k.strip()]
+    unknown = sorted(set(wanted) - set(methods))
+    if unknown or not wanted:
+        raise ConfigError(f"Methods {unknown or wanted} are not in the config; it has {list(methods)}.")
+    return {key: method for key, method in methods.items() if key in wanted}
+
+
+def apply_quick(config: dict) -> dict:
+    """The config shrunk by its `quick:` section (a run of minutes on a CPU)."""
+    config = copy.deepcopy(config)
+    quick = config["quick"]
+    if "epochs" in quick:
+        config["training"]["epochs"] = int(quick["epochs"])
+    if "label_noise" in quick:
+        config["data"]["label_noise"] = [float(v) for v in quick["label_noise"]]
+    else:
+        config["data"]["label_noise"] = config["data"]["label_noise"][:1]
+    evaluation = config["evaluation"]
+    for key in ("burn_in_epochs", "burn_in_steps", "every_n_steps"):
+        if key in quick:
+            evaluation.pop("burn_in_steps" if key == "burn_in_epochs" else "burn_in_epochs", None)
+            evaluation[key] = quick[key]
+    for method in config["methods"].values():
+        method.pop("evaluation", None)  # the quick evaluation schedule applies to every method
+    for key, options in (quick.get("methods") or {}).items():
+        if key in config["methods"]:
+            config["methods"][key]["options"] = _merge(config["methods"][key]["options"], options)
+    return config
+
+
+# --------------------------------------------------------------------------------------------
+# Data and networks
+
+
+@dataclasses.dataclass
+class TaskData:
+    train: Any  # keras_thermo.data.ClassificationData
+    test: Any
+
+
+def load_task_data(config: dict, label_noise: float, *, quick: bool, mock_data: bool, data_dir: str | None) -> TaskData:
+    """Train split (with label noise) and clean, unshuffled test split of the config's dataset."""
+    from keras_thermo import data as kt_data  # noqa: PLC0415 (TensorFlow import is slow)
+
+    spec = config["data"]
+    seed = int(config["training"]["seed"])
+    options = dict(spec["options"])
+    common = {"seed": seed}
+    if spec["dataset"] == "digits":
+        load = kt_data.load_digits
+    else:
+        load = {
+            "emnist_balanced": kt_data.load_emnist_balanced,
+            "fashion_mnist": kt_data.load_fashion_mnist,
+            "cifar10": kt_data.load_cifar10,
+        }[spec["dataset"]]
+        common["data_dir"] = data_dir
+    limits = (None, None)
+    if quick and spec["dataset"] != "digits":
+        limits = (config["quick"].get("train_limit"), config["quick"].get("test_limit"))
+
+    def both_splits() -> TaskData:
+        extra_train = {} if limits[0] is None else {"limit": int(limits[0])}
+        extra_test = {} if limits[1] is None else {"limit": int(limits[1])}
+        train = load("train", batch_size=int(config["training"]["batch_size"]), shuffle=True,
+                     label_noise=label_noise, **common, **options, **extra_train)
+        test = load("test", batch_size=int(spec["eval_batch_size"]), shuffle=False,
+                    label_noise=0.0, **common, **options, **extra_test)
+        return TaskData(train, test)
+
+    if mock_data and spec["dataset"] != "digits":
+        import tensorflow_datasets as tfds  # noqa: PLC0415
+
+        num_examples = int(config["quick"].get("mock_examples", DEFAULT_MOCK_EXAMPLES))
+        with tfds.testing.mock_data(num_examples=num_examples):
+            return both_splits()
+    return both_splits()
+
+
+def build_net(config: dict, seed: int):
+    """The config's network with the initial weights fixed by `seed` (same for every method)."""
+    import keras  # noqa: PLC0415
+
+    from keras_thermo import models as kt_models  # noqa: PLC0415
+
+    builder = getattr(kt_models, str(config["model"]["builder"]), None)
+    if builder is None or not callable(builder):
+        raise ConfigError(f"`model.builder` {config['model']['builder']!r} is not a function of keras_thermo.models.")
+    keras.utils.set_random_seed(seed)
+    return builder(**config["model"]["options"])
+
+
+def build_sampler(method: dict):
+    """`kt.samplers.get(name, **options)`, with a config error that names the method."""
+    import keras_thermo as kt  # noqa: PLC0415
+
+    try:
+        return kt.samplers.get(method["sampler"], **method["options"])
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"Method {method['label']!r}: cannot build sampler {method['sampler']!r}: {error}") from error
+
+
+def sampler_is_registered(name: str) -> bool:
+    """Whether `kt.samplers.get(name)` knows the sampler (some may be added later)."""
+    import keras_thermo as kt  # noqa: PLC0415
+
+    return str(name).lower().replace("-", "_") in kt.samplers.available()
+
+
+def build_optimizer(method: dict):
+    import keras  # noqa: PLC0415
+
+    try:
+        return keras.optimizers.get({"class_name": method["optimizer"], "config": dict(method["options"])})
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"Method {method['label']!r}: cannot build optimizer {method['optimizer']!r}: {error}") from error
+
+
+# --------------------------------------------------------------------------------------------
+# Runs
+
+
+def _point_estimate_callback(test, num_bins: int):
+    """A Keras callback writing the current weights' test metrics into the epoch logs."""
+    import keras  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415
+
+    from keras_thermo import metrics as kt_metrics  # noqa: PLC0415
+
+    class PointEstimateEvaluation(keras.callbacks.Callback):
+        """`test_accuracy`, `test_nll`, `test_ece`, `test_brier` of the current weights."""
+
+        def __init__(self):
+            super().__init__()
+            self._logits = None
+            self.last_probs = None
+
+        def evaluate(self) -> dict:
+            if self._logits is None:
+                self._logits = tf.function(lambda x: self.model(x, training=False), reduce_retracing=True)
+            logits = np.concatenate([self._logits(x).numpy() for x, _ in test.dataset])
+            averager = kt_metrics.PredictiveAverager(test.labels, num_bins)
+            averager.update(logits=logits)
+            self.last_probs = averager.mean_probs
+            return averager.result()
+
+        def on_epoch_end(self, epoch, logs=None):
+            result = self.evaluate()
+            if logs is not None:
+                logs.update({f"test_{k}": result[k] for k in ("accuracy", "nll", "ece", "brier")})
+
+    return PointEstimateEvaluation()
+
+
+def _evaluation_schedule(config: dict, method: dict, steps_per_epoch: int, sampler) -> dict:
+    evaluation = _merge(config["evaluation"], method.get("evaluation") or {})
+    if "burn_in_steps" in evaluation:
+        burn_in = int(evaluation["burn_in_steps"])
+    else:
+        burn_in = int(round(float(evaluation.get("burn_in_epochs", 0)) * steps_per_epoch))
+    every = int(evaluation.get("every_n_steps", 1))
+    period = getattr(sampler, "sample_every", None)
+    if period:
+        # Samplers that yield samples only every K steps (TACT-HMC): due steps must be multiples of K.
+        if every % period:
+            raise ConfigError(
+                f"Method {method['label']!r}: every_n_steps={every} must be a multiple of the "
+                f"sampler's sample_every={period}, or no step is ever both due and a sample."
+            )
+        burn_in = -(-burn_in // period) * period
+    return {
+        "burn_in_steps": burn_in,
+        "every_n_steps": every,
+        "weighting": evaluation.get("weighting", "uniform"),
+        "num_bins": int(evaluation.get("num_bins", 15)),
+    }
+
+
+def _json_safe(value: Any) -> Any:
+    """Plain JSON: numpy scalars to Python, NaN and infinities to None."""
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    if isinstance(value, np.ndarray):
+        return _json_safe(value.tolist())
+    return value
+
+
+def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise: float, out: Path, verbose: int) -> dict:
+    """Trains or samples one method at one label-noise level; returns its record for results.json."""
+    import keras  # noqa: PLC0415
+
+    import keras_thermo as kt  # noqa: PLC0415
+    from keras_thermo.posterior import PosteriorAverage  # noqa: PLC0415
+
+    training = config["training"]
+    seed = int(training["seed"])
+    net = build_net(config, seed)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    log_dir = out / "tensorboard" / key / f"noise{round(100 * label_noise)}"
+    num_bins = int(config["evaluation"].get("num_bins", 15))
+    point = _point_estimate_callback(task.test, num_bins)
+    callbacks: list = [point]
+    average = None
+    record: dict[str, Any] = {"method": key, "label": method["label"], "label_noise": label_noise}
+    if "sampler" in method:
+        sampler = build_sampler(method)
+        schedule = _evaluation_schedule(config, method, task.train.steps_per_epoch, sampler)
+        num_bins = schedule["num_bins"]
+        model = kt.BayesianModel(
+            net, sampler, num_examples=task.train.num_examples,
+            prior=None if method.get("prior_std") is None else kt.priors.Gaussian(float(method["prior_std"])),
+            temperature=float(method.get("temperature", 1.0)), seed=seed,
+        )
+        model.compile(loss=loss, steps_per_execution=int(training["steps_per_execution"]))
+        average = PosteriorAverage(
+            task.test, schedule["burn_in_steps"], schedule["every_n_steps"],
+            weighting=schedule["weighting"], num_bins=num_bins,
+        )
+        callbacks.insert(0, average)
+        record.update(kind="sampler", sampler=sampler.get_config() | {"name": sampler.name}, evaluation=schedule)
+    else:
+        model = net
+        model.compile(optimizer=build_optimizer(method), loss=loss,
+                      steps_per_execution=int(training["steps_per_execution"]))
+        callbacks.append(keras.callbacks.TerminateOnNaN())
+        record.update(kind="optimizer", optimizer={"name": method["optimizer"], **method["options"]})
+    callbacks.append(keras.callbacks.TensorBoard(str(log_dir), write_graph=False, profile_batch=0))
+
+    status, message = "ok", ""
+    started = time.perf_counter()
+    history = None
+    try:
+        history = model.fit(task.train.dataset, epochs=int(training["epochs"]), callbacks=callbacks,
+                            shuffle=False, verbose=verbose)  # the dataset shuffles itself
+    except kt.SamplerDivergedError as error:
+        status, message = "diverged", str(error)
+    seconds = time.perf_counter() - started
+    history_dict = dict(history.history) if history is not None else dict(model.history.history or {})
+
+    if average is not None:
+        metrics = average.result()
+        probs = average.predictions if average.num_samples else None
+        if status == "ok" and not average.num_samples:
+            status, message = "no_samples", "No posterior sample was taken: lower burn-in or run longer."
+    else:
+        metrics = point.evaluate()
+        metrics["num_samples"] = 1
+        probs = point.last_probs
+        if not np.isfinite(history_dict.get("loss", [0.0])[-1]):
+            status, message = "diverged", "The training loss became NaN."
+    record.update(
+        status=status, message=message, seconds=seconds, num_examples=task.train.num_examples,
+        steps=int(training["epochs"]) * task.train.steps_per_epoch, metrics=metrics,
+        history={"epoch": list(range(1, len(next(iter(history_dict.values()), [])) + 1)), **history_dict},
+        tensorboard=str(log_dir),
+    )
+    record["_probs"] = probs  # for the reliability diagram; not written to JSON
+    record["_labels"] = task.test.labels
+    return record
+
+
+# --------------------------------------------------------------------------------------------
+# Reports
+
+
+def _percent(value: Any) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{100 * value:.2f}%"
+
+
+def _number(value: Any, digits: int = 4) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def markdown_table(config: dict, runs: list[dict]) -> str:
+    """Table 1 layout (accuracy, methods x % permuted labels), then every metric per run."""
+    noises = list(dict.fromkeys(r["label_noise"] for r in runs))
+    methods = list(dict.fromkeys(r["method"] for r in runs))
+    by_key = {(r["method"], r["label_noise"]): r for r in runs}
+    label = {r["method"]: r["label"] for r in runs}
+    lines = [f"### {config['title']}: test accuracy", ""]
+    lines.append("| % permuted labels | " + " | ".join(f"{round(100 * n)}%" for n in noises) + " |")
+    lines.append("|---|" + "---:|" * len(noises))
+    for method in methods:
+        cells = []
+        for noise in noises:
+            run = by_key.get((method, noise))
+            cell = _percent(run["metrics"]["accuracy"]) if run else ""
+            if run and run["status"] != "ok":
+                cell += f" ({run['status']})"
+            cells.append(cell)
+        lines.append(f"| {label[method]} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Samplers: accuracy of the posterior-averaged predictive distribution; optimizers: of "
+        "the final weights.",
+        "",
+        f"### {config['title']}: all metrics",
+        "",
+        "| method | % permuted | accuracy | NLL | expected log loss | ECE | Brier | samples | time (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in runs:
+        m = run["metrics"]
+        lines.append(
+            f"| {run['label']} | {round(100 * run['label_noise'])}% | {_percent(m['accuracy'])} | "
+            f"{_number(m['nll'])} | {_number(m['expected_log_loss'])} | {_number(m['ece'])} | "
+            f"{_number(m['brier'])} | {m['num_samples']} | {run['seconds']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _curve(history: dict, name: str) -> list[float]:
+    """The posterior-average curve of a sampler, or the test curve of a point estimate."""
+    values = history.get(f"posterior_{name}") or history.get(f"test_{name}") or []
+    return [np.nan if v is None else float(v) for v in values]
+
+
+def write_plots(config: dict, runs: list[dict], out: Path) -> list[str]:
+    """accuracy.png and nll.png against epochs (one panel per noise level), reliability.png."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    from keras_thermo import metrics as kt_metrics  # noqa: PLC0415
+
+    written = []
+    noises = list(dict.fromkeys(r["label_noise"] for r in runs))
+    for name, ylabel in (("accuracy", "test accuracy"), ("nll", "test NLL (nats)")):
+        figure, axes = plt.subplots(1, len(noises), figsize=(5 * len(noises), 3.6), squeeze=False)
+        for axis, noise in zip(axes[0], noises):
+            for run in (r for r in runs if r["label_noise"] == noise):
+                values = _curve(run["history"], name)
+                style = "-" if run["kind"] == "sampler" else "--"
+                axis.plot(range(1, len(values) + 1), values, style, marker=".", label=run["label"])
+            axis.set_title(f"{config['title']}, {round(100 * noise)}% permuted")
+            axis.set_xlabel("epoch")
+            axis.set_ylabel(ylabel)
+            axis.grid(alpha=0.3)
+        axes[0][0].legend(fontsize=8)
+        figure.tight_layout()
+        path = out / f"{name}.png"
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
+        written.append(str(path))
+
+    first = [r for r in runs if r["label_noise"] == noises[0]]
+    columns = min(4, len(first))
+    rows = -(-len(first) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 3.4 * rows), squeeze=False)
+    for axis in axes.flat[len(first):]:
+        axis.set_visible(False)
+    for axis, run in zip(axes.flat, first):
+        axis.plot([0, 1], [0, 1], ":", color="gray")
+        if run["_probs"] is not None:
+            diagram = kt_metrics.reliability_diagram_data(run["_probs"], run["_labels"])
+            centers = (diagram.bin_edges[:-1] + diagram.bin_edges[1:]) / 2
+            width = diagram.bin_edges[1] - diagram.bin_edges[0]
+            filled = diagram.counts > 0
+            axis.bar(centers[filled], diagram.accuracy[filled], width=width, alpha=0.7, edgecolor="black")
+            ece = diagram.expected_calibration_error()
+            axis.set_title(f"{run['label']} (ECE {ece:.3f})", fontsize=9)
+        else:
+            axis.set_title(f"{run['label']} (no samples)", fontsize=9)
+        axis.set_xlim(0, 1)
+        axis.set_ylim(0, 1)
+        axis.set_xlabel("confidence")
+        axis.set_ylabel("accuracy")
+    figure.suptitle(f"Reliability, {config['title']}, {round(100 * noises[0])}% permuted", fontsize=10)
+    figure.tight_layout()
+    path = out / "reliability.png"
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    written.append(str(path))
+    return written
+
+
+# --------------------------------------------------------------------------------------------
+# Entry points
+
+
+def run_config(
+    config: dict,
+    out: str | os.PathLike,
+    *,
+    quick: bool = False,
+    mock_data: bool = False,
+    data_dir: str | None = None,
+    methods: str | list[str] | None = None,
+    verbose: int | str = "auto",
+    log=print,
+) -> dict:
+    """Runs every method of a loaded config at every label-noise level and writes the reports.
+
+    Args:
+        config: From `load_config`.
+        out: Output folder (created).
+        quick: Apply the config's `quick:` section.
+        mock_data: Load TFDS datasets from `tfds.testing.mock_data` (random images).
+        data_dir: TFDS data directory (default: TFDS' own).
+        methods: Keep only these method keys.
+        verbose: Keras `fit` verbosity.
+        log: Where progress lines go.
+
+    Returns:
+        The results dict that was written to `results.json`.
+    """
+    if quick:
+        config = apply_quick(config)
+    if methods:
+        config = dict(config, methods=select_methods(config["methods"], methods))
+    for method in config["methods"].values():  # fail on a bad method before training anything
+        build_sampler(method) if "sampler" in method else build_optimizer(method)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = []
+    total = len(config["methods"]) * len(config["data"]["label_noise"])
+    started = time.perf_counter()
+    for noise in config["data"]["label_noise"]:
+        task = load_task_data(config, noise, quick=quick, mock_data=mock_data, data_dir=data_dir)
+        for key, method in config["methods"].items():
+            log(f"[{len(runs) + 1}/{total}] {method['label']}, {round(100 * noise)}% permuted labels: "
+                f"{config['training']['epochs']} epochs of {task.train.steps_per_epoch} steps, "
+                f"N = {task.train.num_examples}")
+            run = run_method(key, method, config, task, noise, out, verbose)
+            m = run["metrics"]
+            log(f"    {run['status']} in {run['seconds']:.1f} s: accuracy {_percent(m['accuracy'])}, "
+                f"NLL {_number(m['nll'])}, ECE {_number(m['ece'])}, samples {m['num_samples']}")
+            runs.append(run)
+    table = markdown_table(config, runs)
+    (out / "table.md").write_text(table, encoding="utf-8")
+    plots = write_plots(config, runs, out)
+    results = {
+        "name": config["name"],
+        "title": config["title"],
+        "quick": quick,
+        "mock_data": mock_data,
+        "seconds": time.perf_counter() - started,
+        "config": config,
+        "runs": [{k: v for k, v in run.items() if not k.startswith("_")} for run in runs],
+        "table": "table.md",
+        "plots": [Path(p).name for p in plots],
+    }
+    with open(out / "results.json", "w", encoding="utf-8") as handle:
+        json.dump(_json_safe(results), handle, indent=2, allow_nan=False)
+    return results
+
+
+def parse_args(argv: list[str] | None = None, *, description: str | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description or __doc__.splitlines()[0])
+    parser.add_argument("config", help="YAML config, e.g. configs/digits.yaml")
+    parser.add_argument("--out", help="output folder (default runs/<config name>)")
+    parser.add_argument("--quick", action="store_true", help="apply the config's quick: section")
+    parser.add_argument("--mock-data", action="store_true", help="TFDS mock data (random images, offline)")
+    parser.add_argument("--data-dir", help="TFDS data directory")
+    parser.add_argument("--methods", help="comma-separated method keys to run")
+    parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=None,
+                        help="Keras fit verbosity (default: progress bar on a terminal)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from keras_thermo.data import DatasetNotPreparedError  # noqa: PLC0415
+
+    try:
+        config = load_config(args.config)
+        out = args.out or os.path.join("runs", str(config["name"]))
+        results = run_config(
+            config, out, quick=args.quick, mock_data=args.mock_data, data_dir=args.data_dir,
+            methods=args.methods, verbose="auto" if args.verbose is None else args.verbose,
+        )
+    except DatasetNotPreparedError as error:
+        print(f"error: {error}\n(For a smoke test without the data, pass --mock-data.)", file=sys.stderr)
+        return EXIT_ERROR
+    except ConfigError as error:
+        print(f"error in config {args.config}: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    print()
+    print((Path(out) / "table.md").read_text(encoding="utf-8"))
+    print(f"Wrote {out}/results.json, table.md, {', '.join(results['plots'])} and tensorboard/ "
+          f"in {results['seconds']:.0f} s.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,530 @@
+"""Posterior-averaged predictions: during a sampling run, and afterwards from stored samples.
+
+The posterior predictive distribution of a classifier is approximated by averaging the
+predictive probabilities of posterior samples,
+
+    p(y | x, D) ~= sum_s w_s p(y | x, theta_s) / sum_s w_s,
+
+with `w_s = 1`, or `w_s = eps_s` (the step size that produced sample `s`) for SGLD's decaying
+step sizes (Welling & Teh 2011, eq. 11).
+
+- `PosteriorAverage` is a callback: it keeps the running average over held-out `data` while
+  `BayesianModel.fit` samples, and reports its metrics into the epoch logs.
+- `predict_posterior` and `evaluate_posterior` do the same afterwards from stored samples (a
+  `SampleCollector`, an array, a `.npy` file read lazily, or any iterable of vectors).
+
+Predictions at a sample are computed without touching the model's variables: the flattened
+sample is split into tensors shaped like `model.trainable_variables` and substituted for them
+inside a `keras.StatelessScope`, so the sampler's current position is never disturbed.
+Memory is one `[n, K]` running sum, however many samples there are.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Iterator
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_thermo import grads as kt_grads
+from keras_thermo import metrics as kt_metrics
+from keras_thermo._validation import check_choice, check_int
+from keras_thermo.callbacks import ParameterRecorder, RecordingCallback, SampleCollector
+from keras_thermo.samplers.base import num_scalars
+
+OUTPUTS = ("logits", "probabilities")
+WEIGHTINGS = ("uniform", "step_size")
+
+# The metric names `PosteriorAverage` writes into the epoch logs, keyed by `result()` names.
+LOG_NAMES = {
+    "accuracy": "posterior_accuracy",
+    "nll": "posterior_nll",
+    "expected_log_loss": "expected_log_loss",
+    "ece": "ece",
+    "brier": "brier",
+    "num_samples": "num_samples",
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluation data: arrays or a finite tf.data pipeline, read in the same order on every pass
+
+
+def _as_labels(y: Any) -> np.ndarray:
+    """Integer class labels `[n]` from `[n]` or `[n, 1]` arrays."""
+    labels = np.asarray(y)
+    if labels.ndim == 2 and labels.shape[1] == 1:
+        labels = labels[:, 0]
+    if labels.ndim != 1:
+        raise ValueError(
+            f"Labels must be integer class indices of shape [n] or [n, 1], got shape "
+            f"{labels.shape} (one-hot labels are not supported: pass their argmax)."
+        )
+    return labels
+
+
+class _EvaluationData:
+    """Batches of `(x, y)` (y may be None) from arrays or a `tf.data.Dataset`.
+
+    Accepts a tuple `(x, y)` of arrays, an array `x`, a `tf.data.Dataset` yielding `(x, y)`,
+    `(x, y, sample_weight)` or `x` batches, or an object with a `.dataset` attribute holding
+    such a dataset (e.g. `keras_thermo.data.ClassificationData`).
+    """
+
+    def __init__(self, data: Any, batch_size: int, name: str = "data"):
+        self.batch_size = check_int("batch_size", batch_size, low=1)
+        if hasattr(data, "dataset") and isinstance(data.dataset, tf.data.Dataset):
+            data = data.dataset
+        self.dataset: tf.data.Dataset | None = None
+        self.x = None
+        self.y = None
+        if isinstance(data, tf.data.Dataset):
+            if data.cardinality() == tf.data.INFINITE_CARDINALITY:
+                raise ValueError(
+                    f"`{name}` is an infinite tf.data.Dataset (a `.repeat()` without count?); "
+                    "evaluation needs one finite pass over the held-out examples."
+                )
+            self.dataset = data
+            return
+        if isinstance(data, (tuple, list)):
+            if len(data) not in (1, 2):
+                raise ValueError(
+                    f"`{name}` as a tuple must be (x,) or (x, y), got {len(data)} elements."
+                )
+            self.x = data[0]
+            self.y = None if len(data) == 1 or data[1] is None else _as_labels(data[1])
+        else:
+            self.x = data
+        leaves = tf.nest.flatten(self.x)
+        if not leaves or not all(hasattr(leaf, "shape") and len(leaf.shape) >= 1 for leaf in leaves):
+            raise TypeError(
+                f"`{name}` must be arrays `x` or `(x, y)`, or a tf.data.Dataset of batches, got "
+                f"{type(data).__name__}."
+            )
+        self.num_examples = int(leaves[0].shape[0])
+        if self.y is not None and self.y.shape[0] != self.num_examples:
+            raise ValueError(
+                f"`{name}`: x has {self.num_examples} examples but y has {self.y.shape[0]}."
+            )
+
+    def batches(self) -> Iterator[tuple[Any, np.ndarray | None]]:
+        if self.dataset is not None:
+            for element in self.dataset:
+                x, y, _ = keras.utils.unpack_x_y_sample_weight(
+                    tuple(element) if isinstance(element, list) else element
+                )
+                yield x, None if y is None else _as_labels(np.asarray(y))
+            return
+        for start in range(0, self.num_examples, self.batch_size):
+            end = min(start + self.batch_size, self.num_examples)
+            x = tf.nest.map_structure(lambda leaf: leaf[start:end], self.x)
+            yield x, None if self.y is None else self.y[start:end]
+
+
+class _SamplePredictor:
+    """Outputs of `model` on `data` at a flattened parameter vector, variables untouched."""
+
+    def __init__(self, model: keras.Model, outputs: str):
+        if not model.built or not model.trainable_variables:
+            raise ValueError(
+                f"`model` {model.name!r} must be built and have trainable weights before "
+                "posterior predictions (fit it, or call it on a batch first)."
+            )
+        self.model = model
+        self.outputs = outputs
+        self.variables = list(model.trainable_variables)
+        self.num_params = num_scalars(self.variables)
+        self._predict_batch = tf.function(self._batch_outputs, reduce_retracing=True)
+
+    def _batch_outputs(self, vector: tf.Tensor, x: Any) -> tf.Tensor:
+        values = kt_grads.unflatten(vector, self.variables)
+        mapping = [(v, tf.cast(value, v.dtype)) for v, value in zip(self.variables, values)]
+        with keras.StatelessScope(state_mapping=mapping):
+            return tf.cast(self.model(x, training=False), tf.float32)
+
+    def check_vector(self, vector: Any, where: str) -> np.ndarray:
+        vector = np.asarray(vector, dtype=np.float32)
+        if vector.shape != (self.num_params,):
+            raise ValueError(
+                f"{where} must be a flattened parameter vector of length {self.num_params} "
+                f"(the trainable scalars of {self.model.name!r}), got shape {vector.shape}."
+            )
+        return vector
+
+    def predict(self, vector: np.ndarray, data: _EvaluationData) -> tuple[np.ndarray, np.ndarray | None]:
+        """Returns `(outputs [n, K], labels [n] or None)` for one pass over `data`."""
+        vector = tf.constant(vector)
+        outputs, labels = [], []
+        for x, y in data.batches():
+            outputs.append(self._predict_batch(vector, x).numpy())
+            labels.append(y)
+        if not outputs:
+            raise ValueError("The evaluation data is empty: it yielded no batch.")
+        stacked = np.concatenate(outputs, axis=0)
+        if stacked.ndim != 2:
+            raise ValueError(
+                f"The model must output [batch, K] {self.outputs} for posterior averaging, got "
+                f"shape {stacked.shape}."
+            )
+        if any(y is None for y in labels):
+            return stacked, None
+        return stacked, np.concatenate(labels, axis=0)
+
+    def probabilities(self, outputs: np.ndarray) -> np.ndarray:
+        if self.outputs == "logits":
+            return kt_metrics.probabilities_from_logits(outputs)
+        return np.asarray(outputs, np.float64)
+
+
+def _update(averager: kt_metrics.PredictiveAverager, outputs: np.ndarray, kind: str, weight: float) -> None:
+    if kind == "logits":
+        averager.update(logits=outputs, weight=weight)
+    else:
+        averager.update(probs=outputs, weight=weight)
+
+
+def _empty_result() -> dict[str, float]:
+    result = {name: float("nan") for name in LOG_NAMES if name != "num_samples"}
+    result["num_samples"] = 0
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# During sampling
+
+
+class PosteriorAverage(RecordingCallback):
+    """Running posterior-averaged predictive distribution on held-out data, during `fit`.
+
+    The weights after every `every_n_steps`-th step following `burn_in_steps` are evaluated on
+    `data`, on steps the sampler marks as samples (TACT-HMC yields samples only on the
+    plateau of its tempering variable), exactly also when `steps_per_execution > 1`: the
+    compiled step records them and this callback evaluates them after each execution. Each
+    sample's predictive probabilities are added to one weighted running sum `[n, K]` (memory
+    independent of the run length), and each sample's own test log loss to a running mean.
+
+    At the end of every epoch the metrics are written into `logs`, so `History`, the progress
+    bar of the next epoch and `keras.callbacks.TensorBoard` receive them (list this callback
+    before `TensorBoard`): `posterior_accuracy`, `posterior_nll` (NLL of the averaged
+    predictive distribution), `expected_log_loss` (mean over samples of each sample's log
+    loss), `ece`, `brier` and `num_samples`. Before the first sample the metrics are NaN and
+    `num_samples` is 0, so History's lists stay aligned with epochs.
+
+    Works with `keras_thermo.BayesianModel`, whose `fit` wires the recording into the compiled
+    train step. Samples accumulate across successive `fit` calls; `reset()` starts over.
+
+    Args:
+        data: Held-out examples with labels: `(x, y)` arrays, a finite `tf.data.Dataset` of
+            `(x, y)` batches that yields the same examples in the same order on every pass
+            (no shuffling), or a `keras_thermo.data.ClassificationData`.
+        burn_in_steps: Sampler steps to skip before averaging.
+        every_n_steps: Evaluate every n-th step after burn-in (thinning).
+        weighting: `"uniform"`, or `"step_size"` to weight each sample by the step size of the
+            step that produced it (`sampler.step_size_at(step - 1)`, the logged `step_size`),
+            for SGLD with a decaying step size.
+        outputs: What the model returns: `"logits"` (default; a single column is a binary
+            logit) or `"probabilities"`.
+        batch_size: Batch size for evaluating array `data`.
+        num_bins: Confidence bins of the ECE.
+
+    Attributes:
+        predictions: `[n, K]` averaged predictive probabilities (float64).
+        num_samples: Samples averaged so far.
+
+    Example:
+        >>> import keras, numpy as np, keras_thermo as kt
+        >>> from keras_thermo.posterior import PosteriorAverage
+        >>> x, y = np.random.rand(64, 4).astype("float32"), np.arange(64) % 3
+        >>> net = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+        >>> model = kt.BayesianModel(net, kt.samplers.SGNHT(step_size=1e-2), num_examples=64,
+        ...                          prior=kt.priors.Gaussian(1.0), seed=0)
+        >>> model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        >>> avg = PosteriorAverage((x, y), burn_in_steps=4, every_n_steps=2)
+        >>> history = model.fit(x, y, batch_size=16, epochs=2, callbacks=[avg], verbose=0)
+        >>> avg.result()["num_samples"], history.history["num_samples"]
+        (2, [0, 2])
+
+    Reference:
+        Welling & Teh (2011), Bayesian learning via stochastic gradient Langevin dynamics,
+        ICML, eq. 11 (step-size weights); Wei & Shang (2026), section 3.2 (expected log loss).
+    """
+
+    def __init__(
+        self,
+        data: Any,
+        burn_in_steps: int = 0,
+        every_n_steps: int = 1,
+        *,
+        weighting: str = "uniform",
+        outputs: str = "logits",
+        batch_size: int = 256,
+        num_bins: int = 15,
+    ):
+        super().__init__(burn_in_steps, every_n_steps)
+        self.data = _EvaluationData(data, batch_size)
+        if self.data.dataset is None and self.data.y is None:
+            raise ValueError(
+                "`data` must include labels, (x, y) or a dataset of (x, y) batches, to measure "
+                "accuracy and log loss; got inputs only."
+            )
+        self.weighting = check_choice("weighting", weighting, WEIGHTINGS)
+        self.outputs = check_choice("outputs", outputs, OUTPUTS)
+        self.num_bins = check_int("num_bins", num_bins, low=1)
+        self._predictor: _SamplePredictor | None = None
+        self._averager: kt_metrics.PredictiveAverager | None = None
+        self._labels: np.ndarray | None = None
+
+    def reset(self) -> None:
+        """Forgets every sample averaged so far."""
+        self._averager = None
+
+    def attach(self, model) -> ParameterRecorder:
+        recorder = super().attach(model)
+        if self._predictor is None or self._predictor.model is not model:
+            if self._averager is not None and self._predictor is not None:
+                raise ValueError(
+                    "This PosteriorAverage already holds samples of another model; call "
+                    "`reset()` or create a new one."
+                )
+            self._predictor = _SamplePredictor(model, self.outputs)
+        if self.weighting == "step_size" and not hasattr(getattr(model, "sampler", None), "step_size_at"):
+            raise ValueError(
+                "`weighting='step_size'` needs a model with a sampler (a BayesianModel), got "
+                f"{type(model).__name__}."
+            )
+        return recorder
+
+    def _sample_weight(self, step: int) -> float:
+        if self.weighting == "uniform":
+            return 1.0
+        # The step that completed as `step` ran with the step size of step index `step - 1`.
+        sampler = self._predictor.model.sampler
+        return float(sampler.step_size_at(tf.constant(int(step) - 1, tf.int64)))
+
+    def consume(self, values: np.ndarray, steps: np.ndarray) -> None:
+        for vector, step in zip(values, steps):
+            outputs, labels = self._predictor.predict(vector, self.data)
+            if labels is None:
+                raise ValueError("`data` yielded batches without labels; PosteriorAverage needs (x, y).")
+            if self._labels is None:
+                self._labels = labels
+            elif labels.shape != self._labels.shape or np.any(labels != self._labels):
+                raise ValueError(
+                    "`data` yielded different labels on two passes: evaluation data must give "
+                    "the same examples in the same order every pass (do not shuffle it)."
+                )
+            if self._averager is None:
+                self._averager = kt_metrics.PredictiveAverager(self._labels, self.num_bins)
+            _update(self._averager, outputs, self.outputs, self._sample_weight(step))
+
+    @property
+    def num_samples(self) -> int:
+        return 0 if self._averager is None else self._averager.num_samples
+
+    @property
+    def predictions(self) -> np.ndarray:
+        """`[n, K]` weighted average of the samples' predictive probabilities."""
+        if self._averager is None:
+            raise ValueError(
+                f"No posterior sample has been averaged yet (burn_in_steps={self.burn_in_steps}, "
+                f"every_n_steps={self.every_n_steps}); run longer or lower burn_in_steps."
+            )
+        return self._averager.mean_probs
+
+    @property
+    def labels(self) -> np.ndarray | None:
+        """`[n]` labels of `data`, once the first sample has been evaluated."""
+        return self._labels
+
+    def result(self) -> dict[str, float]:
+        """`{'accuracy', 'nll', 'expected_log_loss', 'ece', 'brier', 'num_samples'}`.
+
+        NaN metrics and `num_samples = 0` before the first sample.
+        """
+        if self._averager is None:
+            return _empty_result()
+        return self._averager.result()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._drain()
+        if logs is not None:
+            logs.update({LOG_NAMES[name]: value for name, value in self.result().items()})
+
+    def get_config(self) -> dict:
+        return {
+            "burn_in_steps": self.burn_in_steps,
+            "every_n_steps": self.every_n_steps,
+            "weighting": self.weighting,
+            "outputs": self.outputs,
+            "batch_size": self.data.batch_size,
+            "num_bins": self.num_bins,
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# After sampling, from stored samples
+
+
+def _sample_source(samples: Any) -> tuple[Iterable[Any], int | None]:
+    """(iterable of vectors, count or None) from the accepted kinds of sample stores."""
+    if isinstance(samples, SampleCollector):
+        samples = samples.samples
+    if isinstance(samples, (str, os.PathLike)):
+        # Memory-mapped: rows are read from disk one at a time.
+        samples = np.load(os.fspath(samples), mmap_mode="r")
+    if isinstance(samples, np.ndarray) or tf.is_tensor(samples):
+        if len(samples.shape) != 2:
+            raise ValueError(
+                f"`samples` must be a 2-D array [num_samples, num_params], got shape "
+                f"{tuple(samples.shape)}."
+            )
+        return samples, int(samples.shape[0])
+    if isinstance(samples, Iterable):
+        count = len(samples) if hasattr(samples, "__len__") else None
+        return samples, count
+    raise TypeError(
+        "`samples` must be an array [num_samples, num_params], a SampleCollector, the path of a "
+        f".npy file, or an iterable of parameter vectors; got {type(samples).__name__}."
+    )
+
+
+def _sample_weights(weights: Any, count: int | None) -> np.ndarray | None:
+    if weights is None:
+        return None
+    array = np.asarray(weights, np.float64)
+    if array.ndim != 1 or (count is not None and array.shape[0] != count):
+        raise ValueError(
+            f"`weights` must be a 1-D array with one weight per sample ({count}), got shape "
+            f"{array.shape}."
+        )
+    if not np.all(np.isfinite(array)) or np.any(array < 0):
+        raise ValueError(f"`weights` must be finite and non-negative, got {array[:5].tolist()}...")
+    return array
+
+
+def _stream(model, samples, data, weights, outputs, verbose) -> Iterator[tuple[np.ndarray, np.ndarray | None, float]]:
+    """Yields (outputs [n, K], labels or None, weight) for each stored sample, with a progress bar."""
+    outputs = check_choice("outputs", outputs, OUTPUTS)
+    source, count = _sample_source(samples)
+    weight_array = _sample_weights(weights, count)
+    predictor = _SamplePredictor(model, outputs)
+    progress = keras.utils.Progbar(count, verbose=verbose, unit_name="sample")
+    index = -1
+    for index, vector in enumerate(source):
+        if weight_array is not None and index >= weight_array.shape[0]:
+            raise ValueError(f"`weights` has {weight_array.shape[0]} entries but there are more samples.")
+        vector = predictor.check_vector(vector, f"samples[{index}]")
+        sample_outputs, labels = predictor.predict(vector, data)
+        yield sample_outputs, labels, 1.0 if weight_array is None else float(weight_array[index])
+        progress.update(index + 1)
+    if index < 0:
+        raise ValueError("`samples` is empty: at least one posterior sample is needed.")
+
+
+def predict_posterior(
+    model: keras.Model,
+    samples: Any,
+    x: Any,
+    *,
+    weights: Any = None,
+    outputs: str = "logits",
+    batch_size: int = 256,
+    verbose: int = 1,
+) -> np.ndarray:
+    """Posterior predictive probabilities on new inputs, averaged over stored samples.
+
+    Computes `sum_s w_s p(y | x, theta_s) / sum_s w_s` one sample at a time (memory `[n, K]`
+    plus one sample), with a progress bar over the samples. The model's own weights are not
+    changed.
+
+    Args:
+        model: The model the samples belong to (a `BayesianModel` or its `net`: both have the
+            same trainable variables); built.
+        samples: Flattened parameter vectors in `model.trainable_variables` order: an array
+            `[S, Nd]` (e.g. `SampleCollector.samples`), a `SampleCollector`, the path of a
+            `.npy` file (memory-mapped, so a long run's store need not fit in memory; write it
+            with `np.save` or `np.lib.format.open_memmap`), or any iterable of `[Nd]` vectors.
+        x: Inputs: an array (or structure of arrays), or a `tf.data.Dataset` of `x` or
+            `(x, y)` batches (labels are ignored).
+        weights: Optional `[S]` non-negative weights (e.g. SGLD step sizes); default uniform.
+        outputs: What the model returns, `"logits"` or `"probabilities"`.
+        batch_size: Batch size for array inputs.
+        verbose: 1 shows a `keras.utils.Progbar` over the samples, 0 is silent.
+
+    Returns:
+        `[n, K]` float64 averaged predictive probabilities (a binary logit gives `K = 2`).
+
+    Example:
+        >>> import keras, numpy as np
+        >>> net = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3)])
+        >>> samples = np.zeros((4, net.count_params()), "float32")  # all-zero weights
+        >>> predict_posterior(net, samples, np.ones((5, 2), "float32"), verbose=0)[0].round(3)
+        array([0.333, 0.333, 0.333])
+    """
+    data = _EvaluationData(x, batch_size, name="x")
+    total, weight_sum = None, 0.0
+    for sample_outputs, _, weight in _stream(model, samples, data, weights, outputs, verbose):
+        probs = (
+            kt_metrics.probabilities_from_logits(sample_outputs)
+            if outputs == "logits"
+            else np.asarray(sample_outputs, np.float64)
+        )
+        total = weight * probs if total is None else total + weight * probs
+        weight_sum += weight
+    if not weight_sum > 0:
+        raise ValueError("`weights` must have a positive sum.")
+    return total / weight_sum
+
+
+def evaluate_posterior(
+    model: keras.Model,
+    samples: Any,
+    data: Any,
+    *,
+    weights: Any = None,
+    outputs: str = "logits",
+    batch_size: int = 256,
+    num_bins: int = 15,
+    verbose: int = 1,
+) -> dict[str, float]:
+    """Metrics of the posterior-averaged predictive distribution, from stored samples.
+
+    The same metrics as `PosteriorAverage.result()`, for samples kept by a `SampleCollector`
+    or stored on disk (see `predict_posterior` for the accepted forms).
+
+    Args:
+        model: The model the samples belong to; built.
+        samples: Stored samples, as for `predict_posterior`.
+        data: Labelled held-out data, `(x, y)` arrays or a `tf.data.Dataset` of `(x, y)`
+            batches in a fixed order.
+        weights: Optional `[S]` non-negative per-sample weights.
+        outputs: `"logits"` or `"probabilities"`.
+        batch_size: Batch size for array data.
+        num_bins: Confidence bins of the ECE.
+        verbose: 1 shows a progress bar over the samples.
+
+    Returns:
+        `{'accuracy', 'nll', 'expected_log_loss', 'ece', 'brier', 'num_samples'}`.
+
+    Example:
+        >>> import keras, numpy as np
+        >>> net = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
+        >>> samples = np.zeros((3, net.count_params()), "float32")
+        >>> x, y = np.ones((4, 2), "float32"), np.array([0, 1, 0, 1])
+        >>> round(evaluate_posterior(net, samples, (x, y), verbose=0)["nll"], 4)  # log 2
+        0.6931
+    """
+    evaluation = _EvaluationData(data, batch_size)
+    averager = None
+    for sample_outputs, labels, weight in _stream(model, samples, evaluation, weights, outputs, verbose):
+        if labels is None:
+            raise ValueError("`data` must include labels: (x, y) arrays or a dataset of (x, y) batches.")
+        if averager is None:
+            averager = kt_metrics.PredictiveAverager(labels, num_bins)
+        _update(averager, sample_outputs, outputs, weight)
+    return averager.result()
+
+
+__all__ = ["PosteriorAverage", "predict_posterior", "evaluate_posterior"]

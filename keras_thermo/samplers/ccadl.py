@@ -1,0 +1,181 @@
+"""Covariance-controlled adaptive Langevin thermostat (Shang et al., 2015, Algorithm 1).
+
+SGNHT plus a friction term `(h/2) beta Sigma p` matched to the covariance `Sigma` of the noisy
+force, which it estimates from the per-example gradients of each minibatch (DESIGN section 4):
+
+    I_t = (1 - k_t) I_{t-1} + k_t V(theta_t),   k_t = 1/t,   V = Gc^T Gc / (n - 1),
+    Sigma = (N^2 / n) I_t,
+    p    += h F - (h/2) beta Sigma p h - xi p h + sqrt(2 A T h) M^1/2 R,
+    theta += h M^-1 p,
+    xi   += (h / mu) (p.M^-1.p - Nd T),
+
+with `Gc` the centered per-example gradients `[n, Nd]` and `beta = 1/T`. The paper's listing moves
+theta first and then evaluates the force at the new theta; here the force arrives with the step
+(evaluated at the current theta, like `V`), so the same cycle starts at the momentum update and the
+order is that of SGNHT's Euler integrator: p, theta, xi.
+
+The covariance term is an explicit (Euler) friction: along an eigenvector of `Sigma` with
+eigenvalue `lambda` it multiplies `p` by `1 - h xi - (h^2/2) beta lambda`, which leaves the unit
+interval once `(h^2/2) beta lambda` approaches 2. Past that step size the momentum grows
+geometrically and the model's divergence guard stops `fit` with `SamplerDivergedError`: CCAdL's
+known failure mode, which mCCAdL (`keras_thermo.samplers.mccadl`) removes by integrating this term
+exactly.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import keras
+import tensorflow as tf
+
+from keras_thermo import grads as kt_grads
+from keras_thermo import random as kt_random
+from keras_thermo._validation import check_choice, check_int
+from keras_thermo.samplers import integrators
+from keras_thermo.samplers.base import (
+    StepContext,
+    ThermostatSampler,
+    force_noise_scale,
+    num_scalars,
+    require_per_example_gradients,
+)
+
+#: Default largest Nd for `covariance="full"`: the [Nd, Nd] float32 moving average then takes
+#: 16 MB and its update costs ~4e6 multiply-adds per step.
+DEFAULT_MAX_FULL_PARAMS = 2000
+
+
+class CCAdLState(NamedTuple):
+    """Step counter, momenta, thermostat and the moving-average gradient covariance `I_t`.
+
+    `covariance` is a per-variable list of variances (`"diag"`) or one `[Nd, Nd]` matrix
+    (`"full"`), without the `N^2 / n` factor.
+    """
+
+    step: tf.Tensor
+    momentum: list
+    xi: tf.Tensor
+    covariance: list | tf.Tensor
+
+
+@keras.saving.register_keras_serializable(package="keras_thermo")
+class CCAdL(ThermostatSampler):
+    """CCAdL: SGNHT with friction matched to the estimated covariance of the gradient noise.
+
+    The thermostat `xi` absorbs what the covariance term misses (estimation error, the diagonal
+    approximation), so it settles near `A` when the estimate is good, instead of growing with the
+    noise as in SGNHT.
+
+    Stability: the covariance friction is explicit, so the step size must satisfy
+    `(h^2/2) beta ||Sigma|| < 2` (roughly; `h xi` adds to the left side). The largest eigenvalue
+    of `Sigma` grows like `N^2 / n`: for large datasets this limits h more than the force does.
+    Reduce `step_size`, increase the batch size, or use `MCCAdL`, which has no such limit.
+
+    Args:
+        step_size: h, a positive float or a `LearningRateSchedule`.
+        friction: A > 0: the injected-noise amplitude `sqrt(2 A T)` and `xi_0`.
+        covariance: `"diag"` (per-coordinate variances, the paper's choice in high dimension) or
+            `"full"` (an `[Nd, Nd]` matrix; only for `Nd <= max_full_params`).
+        thermal_mass: mu > 0; default `Nd`, the number of trainable scalars.
+        mass: Scalar mass M > 0.
+        max_full_params: Largest Nd accepted with `covariance="full"` (default 2000); a larger
+            model is refused when the sampler state is created.
+
+    Example:
+        >>> import keras_thermo as kt
+        >>> from keras_thermo.samplers.ccadl import CCAdL
+        >>> sampler = CCAdL(step_size=1e-4, friction=1.0, covariance="diag")
+        >>> sampler.needs_per_example_gradients
+        True
+
+    Reference:
+        X. Shang, Z. Zhu, B. Leimkuhler and A. Storkey, "Covariance-controlled adaptive Langevin
+        thermostat for large-scale Bayesian sampling", NeurIPS 2015, Algorithm 1.
+    """
+
+    name = "ccadl"
+    needs_per_example_gradients = True
+
+    def __init__(
+        self,
+        step_size,
+        friction: float = 1.0,
+        covariance: str = "diag",
+        thermal_mass: float | None = None,
+        mass: float = 1.0,
+        max_full_params: int = DEFAULT_MAX_FULL_PARAMS,
+    ):
+        super().__init__(step_size, friction=friction, thermal_mass=thermal_mass, mass=mass)
+        self.covariance = check_choice("covariance", covariance, ("diag", "full"))
+        self.max_full_params = check_int("max_full_params", max_full_params, low=1)
+
+    def init(self, params: Sequence[tf.Tensor], *, temperature: float, seed: int) -> CCAdLState:
+        num_params = num_scalars(params)
+        if self.covariance == "full":
+            if num_params > self.max_full_params:
+                raise ValueError(
+                    f"CCAdL(covariance='full') keeps an [Nd, Nd] covariance matrix, but the model "
+                    f"has Nd = {num_params} trainable scalars, above max_full_params = "
+                    f"{self.max_full_params}. Use covariance='diag' (per-coordinate variances), "
+                    "MCCAdL (never forms the matrix), or raise max_full_params if "
+                    f"{num_params}x{num_params} floats fit in memory."
+                )
+            average = tf.zeros([num_params, num_params], tf.float32)
+        else:
+            average = [tf.zeros_like(tf.cast(p, tf.float32)) for p in params]
+        momentum, xi = self.initial_momentum_and_xi(params, temperature=temperature, seed=seed)
+        return CCAdLState(step=tf.constant(0, tf.int64), momentum=momentum, xi=xi, covariance=average)
+
+    def _moving_average(self, state: CCAdLState, per_example: tf.Tensor, params):
+        """`I_t = (1 - 1/t) I_{t-1} + (1/t) V(theta_t)`, t = 1 on the first step."""
+        weight = 1.0 / tf.cast(state.step + 1, tf.float32)
+        if self.covariance == "full":
+            current = kt_grads.full_covariance(per_example)
+            return (1.0 - weight) * state.covariance + weight * current
+        current = kt_grads.unflatten(kt_grads.diagonal_covariance(per_example), params)
+        return [(1.0 - weight) * old + weight * new for old, new in zip(state.covariance, current)]
+
+    def _covariance_times(self, average, momentum, params) -> list[tf.Tensor]:
+        """`I_t p`, per variable."""
+        if self.covariance == "full":
+            product = tf.linalg.matvec(average, kt_grads.flatten(momentum))
+            return kt_grads.unflatten(product, params)
+        return [var * p for var, p in zip(average, momentum)]
+
+    @staticmethod
+    def _trace(average) -> tf.Tensor:
+        if isinstance(average, (list, tuple)):
+            return tf.add_n([tf.reduce_sum(v) for v in average])
+        return tf.linalg.trace(average)
+
+    def update(self, state: CCAdLState, params, force, context: StepContext):
+        per_example = require_per_example_gradients(context, "CCAdL")
+        h = self.step_size_at(state.step)
+        num_params = num_scalars(params)
+        beta = 1.0 / context.temperature
+        # The papers' Sigma is defined by F~ = -grad U + sqrt(Sigma) M^1/2 R, i.e. the force
+        # covariance divided by the mass: Sigma = (N^2/n) I_t / M.
+        sigma_scale = force_noise_scale(context) / self.mass
+
+        average = self._moving_average(state, per_example, params)
+        sigma_p = [sigma_scale * v for v in self._covariance_times(average, state.momentum, params)]
+        # p + h (F - (h/2) beta Sigma p) - h xi p + noise is the paper's momentum update.
+        corrected_force = [f - (0.5 * h * beta) * s for f, s in zip(force, sigma_p)]
+        noise = context.normal(state.step, params, kt_random.STREAM_MOMENTUM)
+        momentum = integrators.euler_momentum(
+            state.momentum, corrected_force, noise, state.xi, h, **self.ou_kwargs(context)
+        )
+        new_params = integrators.drift(params, momentum, h, self.mass)
+        xi = integrators.thermostat(state.xi, momentum, h, **self.thermostat_kwargs(params, context))
+        diagnostics = {
+            "kinetic_temperature": integrators.kinetic_temperature(momentum, self.mass, num_params),
+            "step_size": h,
+            "xi": xi,
+            "noise_scale": sigma_scale * self._trace(average) / float(num_params),
+        }
+        new_state = CCAdLState(step=state.step + 1, momentum=momentum, xi=xi, covariance=average)
+        return new_params, new_state, diagnostics
+
+    def get_config(self):
+        return {**super().get_config(), "covariance": self.covariance, "max_full_params": self.max_full_params}

@@ -1,0 +1,405 @@
+"""CCAdL and mCCAdL: one-step exact values, the C step, posterior sampling, stability, configs.
+
+One-step references are computed here in float64 numpy (and `scipy.linalg.expm` for the C step)
+from the per-example gradients passed in the step context, independently of `keras_thermo.grads`
+and `keras_thermo.linalg`. The sampling tests go through `BayesianModel.fit` with the shared
+statistical check of `keras_thermo.testing`.
+"""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import scipy.linalg
+import tensorflow as tf
+
+import keras_thermo as kt
+from keras_thermo import linalg as kt_linalg
+from keras_thermo import random as kt_random
+from keras_thermo import testing
+from keras_thermo.model import SamplerDivergedError
+from keras_thermo.samplers.base import StepContext
+from keras_thermo.samplers.ccadl import CCAdL
+from keras_thermo.samplers.mccadl import MCCAdL, covariance_step
+from keras_thermo.samplers.sgnht import SGNHT
+
+SEED = 11
+NUM_EXAMPLES = 100
+BATCH = 4
+
+# Per-example gradients of a 4-example minibatch for a model with Nd = 3 ([1, 2] kernel, [1]
+# bias); the columns have different spreads, so Sigma is neither isotropic nor diagonal.
+PER_EXAMPLE = np.array(
+    [[0.3, -1.2, 0.10], [-0.5, 2.0, 0.05], [0.9, 0.4, -0.20], [0.1, -2.5, 0.00]], np.float32
+)
+
+
+def _params():
+    return [tf.constant([[0.5, -1.0]], tf.float32), tf.constant([2.0], tf.float32)]
+
+
+def _force():
+    return [tf.constant([[1.0, 2.0]], tf.float32), tf.constant([-4.0], tf.float32)]
+
+
+def _context(temperature, per_example=PER_EXAMPLE):
+    return StepContext(
+        temperature=temperature, num_examples=NUM_EXAMPLES, batch_size=tf.constant(float(BATCH)),
+        potential=tf.constant(0.0), seed=SEED,
+        per_example_gradients=None if per_example is None else tf.constant(per_example),
+    )
+
+
+def _flat(tensors):
+    return np.concatenate([np.asarray(t, np.float64).reshape(-1) for t in tensors])
+
+
+def _noise(step, stream):
+    key = kt_random.step_key(SEED, tf.constant(step, tf.int64), stream)
+    return _flat(kt_random.normal_like(key, _params()))
+
+
+def _sigma(per_example, mass=1.0):
+    """The papers' `Sigma = (N^2 / n) V / M` in float64, V the (n - 1) empirical covariance.
+
+    The papers define Sigma by `F~ = -grad U + sqrt(Sigma) M^1/2 R`, so it is the covariance of
+    the force divided by the mass.
+    """
+    force_covariance = NUM_EXAMPLES**2 / BATCH * np.cov(np.asarray(per_example, np.float64), rowvar=False, ddof=1)
+    return force_covariance / mass
+
+
+# --- CCAdL: one step --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("covariance", ["diag", "full"])
+def test_ccadl_one_step_matches_hand_computation(covariance):
+    h, a, temp, mass, mu = 0.01, 1.5, 2.0, 2.0, 5.0
+    sampler = CCAdL(h, friction=a, covariance=covariance, thermal_mass=mu, mass=mass)
+    state = sampler.init(_params(), temperature=temp, seed=SEED)
+    new_params, new_state, logs = sampler.update(state, _params(), _force(), _context(temp))
+
+    sigma = _sigma(PER_EXAMPLE, mass)
+    if covariance == "diag":
+        sigma = np.diag(np.diag(sigma))
+    p0, theta0, force = _flat(state.momentum), _flat(_params()), _flat(_force())
+    noise = _noise(0, kt_random.STREAM_MOMENTUM)
+    p1 = (
+        p0 + h * force - (h / 2) / temp * (sigma @ p0) * h - a * p0 * h
+        + math.sqrt(2 * a * temp * h * mass) * noise
+    )
+    theta1 = theta0 + h / mass * p1
+    xi1 = a + h / mu * (p1 @ p1 / mass - 3 * temp)
+
+    np.testing.assert_allclose(_flat(new_state.momentum), p1, rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(_flat(new_params), theta1, rtol=2e-5, atol=1e-6)
+    assert float(new_state.xi) == pytest.approx(xi1, rel=2e-5)
+    assert float(logs["noise_scale"]) == pytest.approx(np.trace(sigma) / 3, rel=1e-5)
+    assert float(logs["kinetic_temperature"]) == pytest.approx(p1 @ p1 / mass / 3, rel=2e-5)
+    assert float(logs["xi"]) == float(new_state.xi)
+    assert int(new_state.step) == 1
+    # The friction term matters at this step size: without it p1 would differ visibly.
+    assert np.max(np.abs((h / 2) / temp * (sigma @ p0) * h)) > 0.05
+
+
+def test_ccadl_moving_average_weights_each_step_by_one_over_t():
+    sampler = CCAdL(0.001, covariance="full")
+    params = _params()
+    state = sampler.init(params, temperature=1.0, seed=SEED)
+    batches = [PER_EXAMPLE, 2.0 * PER_EXAMPLE[::-1], PER_EXAMPLE + np.float32(1.5) * PER_EXAMPLE**2]
+    for batch in batches:
+        _, state, _ = sampler.update(state, params, _force(), _context(1.0, batch))
+    expected = np.mean([np.cov(b.astype(np.float64), rowvar=False, ddof=1) for b in batches], axis=0)
+    np.testing.assert_allclose(state.covariance.numpy(), expected, rtol=1e-5, atol=1e-7)
+
+    diag_sampler = CCAdL(0.001, covariance="diag")
+    diag_state = diag_sampler.init(params, temperature=1.0, seed=SEED)
+    for batch in batches:
+        _, diag_state, _ = diag_sampler.update(diag_state, params, _force(), _context(1.0, batch))
+    np.testing.assert_allclose(_flat(diag_state.covariance), np.diag(expected), rtol=1e-5, atol=1e-7)
+
+
+# --- mCCAdL: one step and the C step ----------------------------------------------------------
+
+
+def _o_step(p, xi, h, a, temp, mass, noise):
+    std = math.sqrt(a * temp * (1 - math.exp(-xi * h)) / xi * mass)
+    return math.exp(-xi * h / 2) * p + std * noise
+
+
+@pytest.mark.parametrize("expm, code", [("taylor", kt_linalg.TAYLOR), ("gram", kt_linalg.GRAM)])
+@pytest.mark.parametrize("step", [0, 4])
+def test_mccadl_one_step_matches_hand_computation(expm, code, step):
+    h, a, temp, mass, mu = 0.02, 1.5, 2.0, 2.0, 5.0
+    sampler = MCCAdL(h, friction=a, thermal_mass=mu, mass=mass, expm=expm)
+    state = sampler.init(_params(), temperature=temp, seed=SEED)._replace(step=tf.constant(step, tf.int64))
+    new_params, new_state, logs = sampler.update(state, _params(), _force(), _context(temp))
+
+    sigma = _sigma(PER_EXAMPLE, mass)
+    c_matrix = scipy.linalg.expm(-h * (h / 2) / temp * sigma)
+    p, theta, force = _flat(state.momentum), _flat(_params()), _flat(_force())
+
+    def d_step(xi, p):
+        return xi + (h / 2) / mu * (p @ p / mass - 3 * temp)
+
+    kick = h / 2 if step == 0 else h  # the closing half kick of the previous step is merged in
+    p = p + kick * force
+    theta = theta + (h / 2) / mass * p
+    p = _o_step(p, a, h, a, temp, mass, _noise(step, kt_random.STREAM_MOMENTUM))
+    xi = d_step(a, p)
+    p = c_matrix @ p
+    xi = d_step(xi, p)
+    p = _o_step(p, xi, h, a, temp, mass, _noise(step, kt_random.STREAM_MOMENTUM_2))
+    theta = theta + (h / 2) / mass * p
+
+    np.testing.assert_allclose(_flat(new_state.momentum), p, rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(_flat(new_params), theta, rtol=2e-5, atol=1e-6)
+    assert float(new_state.xi) == pytest.approx(xi, rel=2e-5)
+    assert float(logs["noise_scale"]) == pytest.approx(np.trace(sigma) / 3, rel=1e-5)
+    assert float(logs["expm_method"]) == code
+    assert float(logs["expm_matvecs"]) >= 1
+    # The C step is far from the identity here, so this checks it was applied.
+    assert np.linalg.norm(c_matrix - np.eye(3)) > 0.3
+
+
+def test_c_step_shrinks_noisy_directions_and_leaves_quiet_ones():
+    rng = np.random.default_rng(0)
+    # Gc = a u^T + b v^T with u, v orthonormal directions of a 6-dimensional space and a, b
+    # centered, orthogonal per-example coefficients: Gc^T Gc = |a|^2 u u^T + |b|^2 v v^T, so u and
+    # v are the noisy eigen-directions and the other four see no gradient noise at all.
+    basis, _ = np.linalg.qr(rng.normal(size=(6, 6)))
+    u, v, quiet = basis[:, 0], basis[:, 1], basis[:, 2:]
+    a = rng.normal(size=40) * 3.0
+    a -= a.mean()
+    b = rng.normal(size=40) * 0.5
+    b -= b.mean()
+    b -= (a @ b) / (a @ a) * a
+    gc = np.outer(a, u) + np.outer(b, v)
+    momentum = rng.normal(size=6)
+    tau = 0.01
+    for method in ("taylor", "gram", "auto"):
+        (p_new,), _, _ = covariance_step([tf.constant(momentum, tf.float64)], tf.constant(gc), tau, method)
+        p_new = p_new.numpy()
+        np.testing.assert_allclose(quiet.T @ p_new, quiet.T @ momentum, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(u @ p_new, math.exp(-tau * (a @ a)) * (u @ momentum), rtol=1e-10)
+        np.testing.assert_allclose(v @ p_new, math.exp(-tau * (b @ b)) * (v @ momentum), rtol=1e-10)
+    assert tau * (a @ a) > 2 and tau * (b @ b) < 0.2  # a strong and a weak contraction
+
+
+@pytest.mark.parametrize("integrator_pair", ["euler", "symmetric"])
+def test_without_gradient_noise_both_reduce_to_sgnht(integrator_pair):
+    # Identical per-example gradients: Sigma = 0, so CCAdL is SGNHT (Euler) and mCCAdL is
+    # SGNHT's symmetric BAODDOAB, to rounding.
+    no_noise = np.tile(PER_EXAMPLE[:1], (BATCH, 1))
+    if integrator_pair == "euler":
+        ours, reference = CCAdL(0.05, friction=1.3), SGNHT(0.05, friction=1.3)
+    else:
+        ours, reference = MCCAdL(0.05, friction=1.3), SGNHT(0.05, friction=1.3, integrator="symmetric")
+    params = _params()
+    state_ours = ours.init(params, temperature=1.0, seed=SEED)
+    state_ref = reference.init(params, temperature=1.0, seed=SEED)
+    params_ours = params_ref = params
+    for _ in range(3):
+        params_ours, state_ours, logs = ours.update(state_ours, params_ours, _force(), _context(1.0, no_noise))
+        params_ref, state_ref, _ = reference.update(state_ref, params_ref, _force(), _context(1.0, no_noise))
+    np.testing.assert_allclose(_flat(params_ours), _flat(params_ref), rtol=1e-6, atol=1e-7)
+    assert float(state_ours.xi) == pytest.approx(float(state_ref.xi), rel=1e-6)
+    assert float(logs["noise_scale"]) == 0.0
+
+
+# --- Sampling the Bayesian linear regression posterior through fit ---------------------------
+
+
+def _regression_problem(num_examples=4096, noise_std=0.19, seed=3):
+    """Weak signal, so zero (where `run_chains` starts) is near the posterior.
+
+    CCAdL's moving average weighs the first steps like all others: a start far from the posterior,
+    where the residuals (hence the gradient noise) are much larger, would bias Sigma for
+    thousands of steps. With `noise_std = 0.19`, n = 16 and N = 4096, Sigma ~ 1.5e5 per coordinate:
+    the gradient noise h^2 Sigma per step dominates the injected noise 2 A h (16x for A = 10,
+    h = 2e-3), so a wrong covariance term would show as a large temperature error.
+    """
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(num_examples, 2)).astype(np.float32)
+    y = (x @ np.array([0.1, -0.1]) + noise_std * rng.normal(size=num_examples))[:, None]
+    return x, y.astype(np.float32)
+
+
+def _sampling_check(make_sampler, *, num_chains, num_steps, batch_size=16):
+    """Posterior check; batches of 16 from 4096 examples: 256 steps per epoch, much longer than
+    the relaxation time (~10-20 steps), so the without-replacement minibatches of `fit` give
+    nearly independent gradient noise at the time scales that matter. (Both samplers' covariance
+    friction assumes independent noise; within an epoch the noise of successive batches is
+    anticorrelated, and on this problem 16 chains x 8000 steps resolve a residual ~-7% marginal
+    variance for CCAdL at h = 1e-3 and 2e-3 alike, below this test's resolution. With few
+    batches per epoch the effect is large: N = 512, n = 32 gives -75%.)"""
+    x, y = _regression_problem()
+    mean, cov = testing.linear_regression_posterior(x, y, prior_std=1.0)
+    result = testing.run_chains(
+        make_sampler, x, y, num_chains=num_chains, num_steps=num_steps, batch_size=batch_size,
+        burn_in_steps=num_steps // 5, log_keys=("kinetic_temperature", "xi"),
+    )
+    return testing.compare_with_gaussian(result.samples, mean, cov), result
+
+
+@pytest.mark.parametrize(
+    "name, make_sampler",
+    [
+        ("ccadl", lambda: CCAdL(1e-3, friction=10.0)),
+        ("mccadl", lambda: MCCAdL(1e-3, friction=10.0)),
+    ],
+)
+def test_samples_linear_regression_posterior(name, make_sampler):
+    check, result = _sampling_check(make_sampler, num_chains=6, num_steps=2500)
+    assert check.passed, f"{name}: {check.summary()}"
+    # With Sigma estimated well the thermostat has nothing left to absorb: xi stays near A.
+    xi = result.logs["xi"][:, 5:].mean()
+    assert 5.0 < xi < 20.0, f"{name}: mean xi {xi}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, make_sampler",
+    [
+        ("ccadl-diag", lambda: CCAdL(1e-3, friction=10.0)),
+        ("ccadl-full", lambda: CCAdL(1e-3, friction=10.0, covariance="full")),
+        ("mccadl", lambda: MCCAdL(1e-3, friction=10.0)),
+    ],
+)
+def test_samples_linear_regression_posterior_long(name, make_sampler):
+    check, _ = _sampling_check(make_sampler, num_chains=16, num_steps=8000)
+    assert check.passed, f"{name}: {check.summary()}"
+
+
+# --- Stability: where CCAdL's explicit friction breaks, and mCCAdL does not -------------------
+
+
+def _critical_step_size(x, y, batch_size):
+    """h at which `(h^2 / 2) beta lambda_max(Sigma) = 2`, Sigma at the posterior mean."""
+    mean, _ = testing.linear_regression_posterior(x, y, prior_std=1.0)
+    design = np.concatenate([x, np.ones((len(x), 1))], axis=1).astype(np.float64)
+    residual = design @ mean - y[:, 0]
+    per_example = 2.0 * residual[:, None] * design  # gradient of (a . theta - y)^2
+    sigma = len(x) ** 2 / batch_size * np.cov(per_example, rowvar=False, ddof=1)
+    return math.sqrt(4.0 / np.linalg.eigvalsh(sigma)[-1])
+
+
+def _fit(sampler, x, y, batch_size, steps):
+    net = testing.linear_regression_net(x.shape[1])
+    for variable in net.trainable_variables:  # start near the posterior, where Sigma was predicted
+        variable.assign(np.zeros(variable.shape, np.float32))
+    model = kt.BayesianModel(net, sampler, num_examples=len(x), prior=kt.priors.Gaussian(1.0), seed=1)
+    model.compile(loss="mse", steps_per_execution=50)
+    model.fit(x, y, batch_size=batch_size, epochs=steps // (len(x) // batch_size), shuffle=True, verbose=0)
+    return model
+
+
+def test_ccadl_diverges_above_the_predicted_step_size_and_mccadl_does_not():
+    x, y = _regression_problem()
+    batch_size = 16
+    critical = _critical_step_size(x, y, batch_size)
+    assert 3e-3 < critical < 8e-3  # ~5e-3; the force alone would allow h up to 2 / omega ~ 2e-2
+
+    model = _fit(CCAdL(0.6 * critical, friction=1.0), x, y, batch_size, steps=1024)
+    assert all(np.isfinite(v.numpy()).all() for v in model.trainable_variables)
+
+    with pytest.raises(SamplerDivergedError, match="CCAdL"):
+        _fit(CCAdL(1.4 * critical, friction=1.0), x, y, batch_size, steps=1024)
+
+    model = _fit(MCCAdL(2.0 * critical, friction=1.0), x, y, batch_size, steps=1024)
+    weights = np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
+    mean, cov = testing.linear_regression_posterior(x, y, prior_std=1.0)
+    assert np.all(np.abs(weights - mean) < 6 * np.sqrt(np.diag(cov)))
+
+
+# --- Through the model: logs, state, saving ---------------------------------------------------
+
+
+def test_fit_logs_diagnostics_and_saves_sampler_state(tmp_path):
+    x, y = testing.linear_regression_data(64, 2, seed=0)
+    for sampler, keys in [
+        (CCAdL(1e-3, covariance="full"), {"xi", "noise_scale"}),
+        (MCCAdL(1e-3, expm="gram"), {"xi", "noise_scale", "expm_matvecs", "expm_method"}),
+    ]:
+        net = testing.linear_regression_net(2)
+        model = kt.BayesianModel(net, sampler, num_examples=64, prior=kt.priors.Gaussian(1.0), seed=0)
+        model.compile(loss="mse")
+        history = model.fit(x, y, batch_size=16, epochs=2, verbose=0)
+        assert keys | {"kinetic_temperature", "step_size", "potential"} <= set(history.history)
+        assert all(v > 0 for v in history.history["noise_scale"])
+        path = str(tmp_path / f"{sampler.name}.keras")
+        model.save(path)
+        restored = keras.saving.load_model(path)
+        assert restored.sampler.get_config() == sampler.get_config()
+        for saved, loaded in zip(tf.nest.flatten(model.sampler_state()), tf.nest.flatten(restored.sampler_state())):
+            np.testing.assert_array_equal(saved.numpy(), loaded.numpy())
+        assert restored.sampler_step == 8
+
+
+def test_update_without_per_example_gradients_is_refused():
+    for sampler in (CCAdL(1e-3), MCCAdL(1e-3)):
+        assert sampler.needs_per_example_gradients
+        state = sampler.init(_params(), temperature=1.0, seed=SEED)
+        with pytest.raises(ValueError, match="per_example_gradients"):
+            sampler.update(state, _params(), _force(), _context(1.0, per_example=None))
+        with pytest.raises(ValueError, match="at least 2; got per-example gradients for 1"):
+            sampler.update(state, _params(), _force(), _context(1.0, per_example=PER_EXAMPLE[:1]))
+
+
+def test_full_covariance_refuses_models_above_the_limit():
+    sampler = CCAdL(1e-3, covariance="full", max_full_params=2)
+    with pytest.raises(ValueError) as info:
+        sampler.init(_params(), temperature=1.0, seed=SEED)
+    for word in ["Nd = 3", "max_full_params = 2", "covariance='diag'"]:
+        assert word in str(info.value)
+    # Same refusal when the model creates the sampler state.
+    net = testing.linear_regression_net(2)
+    model = kt.BayesianModel(net, sampler, num_examples=10, seed=0)
+    with pytest.raises(ValueError, match="max_full_params = 2"):
+        model.build()
+    # At the limit it is accepted.
+    CCAdL(1e-3, covariance="full", max_full_params=3).init(_params(), temperature=1.0, seed=SEED)
+
+
+# --- Configs and arguments --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        CCAdL(2e-3, friction=3.0, covariance="full", thermal_mass=9.0, mass=2.0, max_full_params=50),
+        CCAdL(keras.optimizers.schedules.ExponentialDecay(1e-3, 100, 0.9)),
+        MCCAdL(2e-3, friction=0.5, thermal_mass=4.0, mass=3.0, expm="taylor"),
+    ],
+    ids=["ccadl", "ccadl-schedule", "mccadl"],
+)
+def test_get_config_round_trip(sampler):
+    config = keras.saving.serialize_keras_object(sampler)
+    restored = keras.saving.deserialize_keras_object(config)
+    assert type(restored) is type(sampler)
+    assert restored.get_config() == sampler.get_config()
+    assert kt.samplers.get(config).get_config() == sampler.get_config()
+
+
+BAD_INPUTS = [
+    (CCAdL, {"step_size": 0.0}, ValueError, ["step_size", "0.0", "(0, inf)"]),
+    (CCAdL, {"step_size": 1e-3, "friction": -1.0}, ValueError, ["friction", "-1.0", "(0, inf)"]),
+    (CCAdL, {"step_size": 1e-3, "covariance": "block"}, ValueError, ["covariance", "'block'", "'diag'", "'full'"]),
+    (CCAdL, {"step_size": 1e-3, "thermal_mass": 0.0}, ValueError, ["thermal_mass", "0.0"]),
+    (CCAdL, {"step_size": 1e-3, "mass": float("inf")}, ValueError, ["mass", "finite"]),
+    (CCAdL, {"step_size": 1e-3, "max_full_params": 0}, ValueError, ["max_full_params", "0", ">= 1"]),
+    (CCAdL, {"step_size": 1e-3, "max_full_params": 2.5}, TypeError, ["max_full_params", "2.5", "integer"]),
+    (MCCAdL, {"step_size": -1e-3}, ValueError, ["step_size", "-0.001"]),
+    (MCCAdL, {"step_size": 1e-3, "friction": "high"}, TypeError, ["friction", "'high'"]),
+    (MCCAdL, {"step_size": 1e-3, "mass": 0}, ValueError, ["mass", "0"]),
+    (MCCAdL, {"step_size": 1e-3, "expm": "pade"}, ValueError, ["expm", "'pade'", "'taylor'", "'gram'"]),
+]
+
+
+@pytest.mark.parametrize("constructor, kwargs, error, words", BAD_INPUTS)
+def test_bad_inputs_name_argument_value_and_range(constructor, kwargs, error, words):
+    with pytest.raises(error) as info:
+        constructor(**kwargs)
+    for word in words:
+        assert word in str(info.value)
