@@ -19,6 +19,9 @@ SAMPLER_CONFIGS = {
     "sghmc": lambda: kt.samplers.SGHMC(1e-2, friction=2.0),
     "sgnht": lambda: kt.samplers.SGNHT(1e-2),
     "sgnht-symmetric": lambda: kt.samplers.SGNHT(1e-2, integrator="symmetric"),
+    "ccadl-full": lambda: kt.samplers.CCAdL(1e-3, covariance="full"),
+    "mccadl": lambda: kt.samplers.MCCAdL(1e-3, expm="taylor"),
+    "tact-hmc": lambda: kt.samplers.TACTHMC(1e-4, sample_every=2, num_bins=10),
 }
 
 

@@ -41,9 +41,10 @@ def _problem(weight_scale):
 REGIMES = {
     "sgld-small-steps": (lambda: kt.samplers.SGLD(2e-5), 50, 1.0),
     "sghmc-full-batch": (lambda: kt.samplers.SGHMC(3e-3, friction=5.0), NUM_EXAMPLES, 1.0),
-    "sgnht-euler-isotropic-noise": (lambda: kt.samplers.SGNHT(2e-3, friction=5.0), 100, 0.0),
+    # A light thermostat (mu = Nd / 10) settles within the burn-in: xi must climb ~5 above A.
+    "sgnht-euler-isotropic-noise": (lambda: kt.samplers.SGNHT(2e-3, friction=5.0, thermal_mass=0.3), 100, 0.0),
     "sgnht-symmetric-isotropic-noise": (
-        lambda: kt.samplers.SGNHT(2e-3, friction=5.0, integrator="symmetric"), 100, 0.0
+        lambda: kt.samplers.SGNHT(2e-3, friction=5.0, thermal_mass=0.3, integrator="symmetric"), 100, 0.0
     ),
 }
 
@@ -70,7 +71,8 @@ def _assert_thermostat(result, alpha):
     num_chains, length = kinetic.shape
     after_burn_in = slice(length // 5, None)
     threshold = testing.t_threshold(num_chains, 2, alpha)
-    t_kinetic = testing.chain_t_statistic(kinetic[:, after_burn_in].mean(axis=1, keepdims=True), np.array([1.0]))
+    second_half = slice(length // 2, None)
+    t_kinetic = testing.chain_t_statistic(kinetic[:, second_half].mean(axis=1, keepdims=True), np.array([1.0]))
     assert abs(t_kinetic[0]) < threshold, f"kinetic temperature t = {t_kinetic[0]:.2f}"
     third = xi[:, length // 2 : 3 * length // 4].mean(axis=1)
     fourth = xi[:, 3 * length // 4 :].mean(axis=1)
