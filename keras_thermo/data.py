@@ -637,5 +637,13 @@ def random_minibatches(x, y, batch_size: int, *, seed: int, with_replacement: bo
             .repeat()
             .batch(batch_size, drop_remainder=True)
         )
-    indices = tf.data.Dataset.random(seed=seed).map(lambda r: tf.math.floormod(r, num_examples))
-    return indices.batch(batch_size).map(lambda i: (tf.gather(x, i), tf.gather(y, i)))
+    def draw(batch_index):
+        # One stateless draw of a whole batch of indices: per-example tf.data work would cost
+        # more than the step of a small model.
+        indices = tf.random.stateless_uniform(
+            [batch_size], seed=tf.stack([tf.constant(seed, tf.int64), batch_index]),
+            maxval=num_examples, dtype=tf.int64,
+        )
+        return tf.gather(x, indices), tf.gather(y, indices)
+
+    return tf.data.Dataset.range(2**62).map(draw)

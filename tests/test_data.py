@@ -326,3 +326,20 @@ def test_load_digits_serves_the_arrays():
 def test_digits_check_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         data.digits_arrays(**kwargs)
+
+
+def test_random_minibatches_draw_with_replacement_reproducibly():
+    from keras_thermo.data import random_minibatches
+
+    x = np.arange(100, dtype="float32")[:, None]
+    first = [b[0].numpy().ravel() for b in random_minibatches(x, x, 50, seed=1).take(400)]
+    again = [b[0].numpy().ravel() for b in random_minibatches(x, x, 50, seed=1).take(2)]
+    np.testing.assert_array_equal(first[0], again[0])
+    np.testing.assert_array_equal(first[1], again[1])
+    # 20000 uniform draws over 100 items: each count is Binomial(20000, 1/100), mean 200, sd 14.
+    counts = np.bincount(np.concatenate(first).astype(int), minlength=100)
+    assert counts.min() > 200 - 5 * 14 and counts.max() < 200 + 5 * 14
+    # With replacement: some batch repeats an item (a batch of 50 from 100 almost surely does).
+    assert any(len(np.unique(batch)) < 50 for batch in first)
+    full = next(iter(random_minibatches(x, x, 100, seed=0)))
+    np.testing.assert_array_equal(full[0].numpy(), x)

@@ -48,7 +48,7 @@ REGIMES = {
     ),
 }
 
-SHORT = dict(num_chains=8, num_steps=8_000, alpha=0.01)
+SHORT = dict(num_chains=10, num_steps=10_000, alpha=0.01)
 LONG = dict(num_chains=16, num_steps=40_000, alpha=1e-3)
 
 
