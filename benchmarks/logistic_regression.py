@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from keras_thermo import data as kt_data
 from keras_thermo import metrics as kt_metrics
-from benchmarks.regression_w2 import LABELS, load_config, make_chunk_runner, make_sampler
+from benchmarks.regression_w2 import load_config, make_chunk_runner, make_sampler, plot
 
 
 def load_dataset(config: dict):
@@ -140,35 +140,6 @@ def run_one(method, step_size, friction, data, settings, options) -> dict:
     }
 
 
-def plot(runs, frictions, step_sizes, path, title) -> None:
-    import matplotlib  # noqa: PLC0415 (optional dependency, only for the picture)
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    fig, axes = plt.subplots(
-        len(frictions), len(step_sizes), figsize=(3.2 * len(step_sizes), 2.8 * len(frictions)),
-        squeeze=False, sharey=True,
-    )
-    for row, friction in enumerate(frictions):
-        for col, step_size in enumerate(step_sizes):
-            ax = axes[row][col]
-            for run in runs:
-                if run["friction"] == friction and run["step_size"] == step_size and run["passes"]:
-                    label = LABELS[run["method"]] + (" (blew up)" if run["blew_up_at_pass"] else "")
-                    ax.plot(run["passes"], run["test_log_likelihood_of_mean"], label=label)
-            ax.set_title(f"h = {step_size:g}, A = {friction:g}", fontsize=9)
-            if row == len(frictions) - 1:
-                ax.set_xlabel("passes through the data")
-            if col == 0:
-                ax.set_ylabel("test log lik. of posterior mean")
-            ax.legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def main(argv=None) -> dict | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/logistic_digits.yaml")
@@ -218,7 +189,8 @@ def main(argv=None) -> dict | None:
     with open(os.path.join(args.out, "results.json"), "w") as handle:
         json.dump(results, handle, indent=1)
     plot(runs, frictions, step_sizes, os.path.join(args.out, "test_log_likelihood.png"),
-         f"{config['dataset']} 7 vs 9")
+         key="test_log_likelihood_of_mean", ylabel="test log lik. of posterior mean", log_y=False,
+         title=f"{config['dataset']} 7 vs 9")
     print(json.dumps(table, indent=1))
     return results
 

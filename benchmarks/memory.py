@@ -16,7 +16,6 @@ import os
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 import keras_thermo as kt
 from keras_thermo import data as kt_data

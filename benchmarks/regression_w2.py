@@ -256,7 +256,8 @@ def largest_stable_step(runs: list[dict], methods, frictions) -> dict:
     return table
 
 
-def plot(runs, frictions, step_sizes, path) -> None:
+def plot(runs, frictions, step_sizes, path, *, key="w2", ylabel="W2 to the posterior", log_y=True, title=None) -> None:
+    """One panel per (friction, step size): `run[key]` against passes, one line per method."""
     import matplotlib  # noqa: PLC0415 (optional dependency, only for the picture)
 
     matplotlib.use("Agg")
@@ -270,16 +271,19 @@ def plot(runs, frictions, step_sizes, path) -> None:
         for col, step_size in enumerate(step_sizes):
             ax = axes[row][col]
             for run in runs:
-                if run["friction"] == friction and run["step_size"] == step_size and run["w2"]:
+                if run["friction"] == friction and run["step_size"] == step_size and run[key]:
                     label = LABELS[run["method"]] + (" (blew up)" if run["blew_up_at_pass"] else "")
-                    ax.plot(run["passes"], run["w2"], label=label)
-            ax.set_yscale("log")
+                    ax.plot(run["passes"], run[key], label=label)
+            if log_y:
+                ax.set_yscale("log")
             ax.set_title(f"h = {step_size:g}, A = {friction:g}", fontsize=9)
             if row == len(frictions) - 1:
                 ax.set_xlabel("passes through the data")
             if col == 0:
-                ax.set_ylabel("W2 to the posterior")
+                ax.set_ylabel(ylabel)
             ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -32,17 +32,27 @@ from keras_thermo import data as kt_data
 
 
 def linear_regression_data(
-    num_examples: int, num_features: int, *, noise_std: float = 0.7, weight_scale: float = 1.0, seed: int = 0
+    num_examples: int,
+    num_features: int,
+    *,
+    noise_std: float = 0.7,
+    weight_scale: float = 1.0,
+    binary_features: bool = False,
+    seed: int = 0,
 ):
-    """Synthetic regression data `x ~ N(0, I)`, `y = x . w + b + noise` (float32).
+    """Synthetic regression data `y = x . w + b + noise` (float32), `x ~ N(0, I)` or, with
+    `binary_features`, independent random signs.
 
-    `w ~ N(0, weight_scale^2 I)` and `b = weight_scale / 2`. With `weight_scale=0` the posterior
-    sits at the origin, where the minibatch gradient noise `-2 r_i [x_i, 1]` is isotropic and
-    independent of theta (the curvature part of the noise scales with |theta|): the regime that
-    SGNHT's scalar thermostat assumes.
+    `w ~ N(0, weight_scale^2 I)` and `b = weight_scale / 2`. With `weight_scale=0` and binary
+    features the minibatch gradient noise `-2 r_i [x_i, 1]` has the same variance in every
+    coordinate (`x_ij^2 = 1`) and does not depend on theta near the posterior (the curvature part
+    scales with |theta|): the isotropic, constant noise SGNHT's scalar thermostat assumes.
     """
     rng = np.random.default_rng(seed)
-    x = rng.normal(size=(num_examples, num_features))
+    if binary_features:
+        x = rng.choice([-1.0, 1.0], size=(num_examples, num_features))
+    else:
+        x = rng.normal(size=(num_examples, num_features))
     w = weight_scale * rng.normal(size=num_features)
     y = x @ w + 0.5 * weight_scale + noise_std * rng.normal(size=num_examples)
     return x.astype(np.float32), y[:, None].astype(np.float32)
