@@ -81,12 +81,31 @@ class RecordingCallback(keras.callbacks.Callback):
         self.recorder: ParameterRecorder | None = None
 
     def attach(self, model) -> ParameterRecorder:
+        self._check_sampling_period(model.sampler)
         steps_per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
         capacity = math.ceil(steps_per_execution / self.every_n_steps) + 1
         self.recorder = ParameterRecorder(
             model.num_params, capacity, self.burn_in_steps, self.every_n_steps
         )
         return self.recorder
+
+    def _check_sampling_period(self, sampler) -> None:
+        """Refuses settings under which no due step is ever a sample (samplers with a period K).
+
+        Due steps are `burn_in + k * every_n`; some is a multiple of K exactly when
+        gcd(every_n, K) divides burn_in.
+        """
+        period = getattr(sampler, "sample_every", None)
+        if not period:
+            return
+        common = math.gcd(self.every_n_steps, int(period))
+        if self.burn_in_steps % common:
+            raise ValueError(
+                f"{type(self).__name__}(burn_in_steps={self.burn_in_steps}, every_n_steps="
+                f"{self.every_n_steps}) never lands on a step that {type(sampler).__name__} "
+                f"(sample_every={period}) yields as a sample; make burn_in_steps a multiple of "
+                f"gcd(every_n_steps, sample_every) = {common}, e.g. every_n_steps=1."
+            )
 
     def consume(self, values: np.ndarray, steps: np.ndarray) -> None:
         raise NotImplementedError

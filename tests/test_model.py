@@ -377,3 +377,14 @@ def test_per_example_samplers_refuse_a_weighted_mean_reduction():
     with pytest.raises(ValueError, match="mean_with_sample_weight.*MCCAdL"):
         model.compile(loss=keras.losses.MeanSquaredError(reduction="mean_with_sample_weight"))
     _model(kt.samplers.SGNHT(1e-3)).compile(loss=keras.losses.MeanSquaredError(reduction="mean_with_sample_weight"))
+
+
+def test_recording_refuses_a_schedule_that_never_meets_tact_samples():
+    x, y = _data()
+    model = _model(kt.samplers.TACTHMC(1e-4, sample_every=10))
+    model.compile(loss="mse")
+    collector = kt.callbacks.SampleCollector(burn_in_steps=5, every_n_steps=10)
+    with pytest.raises(ValueError, match="gcd"):
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[collector])
+    # burn_in 20 with every_n 4 and K 10: gcd 2 divides 20, so steps 40, 60, ... are recorded.
+    kt.callbacks.SampleCollector(burn_in_steps=20, every_n_steps=4)._check_sampling_period(model.sampler)
