@@ -188,7 +188,11 @@ def test_initial_momentum_is_maxwellian():
         kt.samplers.SGLD(kt.schedules.PolynomialDecay(0.01, 1.0, 0.6)),
         kt.samplers.SGHMC(0.01, friction=2.0, mass=3.0),
         kt.samplers.SGNHT(0.02, friction=0.5, thermal_mass=7.0, mass=2.0, integrator="symmetric"),
+        kt.samplers.CCAdL(2e-3, friction=3.0, covariance="full", thermal_mass=9.0, mass=2.0, max_full_params=50),
+        kt.samplers.CCAdL(keras.optimizers.schedules.ExponentialDecay(1e-3, 100, 0.9)),
+        kt.samplers.MCCAdL(2e-3, friction=0.5, thermal_mass=4.0, mass=3.0, expm="taylor"),
     ],
+    ids=["sgld", "sghmc", "sgnht", "ccadl", "ccadl-schedule", "mccadl"],
 )
 def test_get_config_round_trip(sampler):
     config = keras.saving.serialize_keras_object(sampler)
@@ -220,6 +224,16 @@ BAD_INPUTS = [
     (kt.schedules.PolynomialDecay, {"a": 0.1, "gamma": 1.5}, ValueError, ["gamma", "1.5", "[0, 1]"]),
     (kt.priors.Gaussian, {"std": 0.0}, ValueError, ["std", "0.0"]),
     (kt.priors.Gaussian, {"std": [1.0, -1.0]}, ValueError, ["std[1]", "-1.0"]),
+    (kt.samplers.CCAdL, {"step_size": 1e-3, "friction": -1.0}, ValueError, ["friction", "-1.0", "(0, inf)"]),
+    (kt.samplers.CCAdL, {"step_size": 1e-3, "covariance": "block"}, ValueError, ["covariance", "'block'", "'diag'", "'full'"]),
+    (kt.samplers.CCAdL, {"step_size": 1e-3, "thermal_mass": 0.0}, ValueError, ["thermal_mass", "0.0"]),
+    (kt.samplers.CCAdL, {"step_size": 1e-3, "mass": float("inf")}, ValueError, ["mass", "finite"]),
+    (kt.samplers.CCAdL, {"step_size": 1e-3, "max_full_params": 0}, ValueError, ["max_full_params", "0", ">= 1"]),
+    (kt.samplers.CCAdL, {"step_size": 1e-3, "max_full_params": 2.5}, TypeError, ["max_full_params", "2.5", "integer"]),
+    (kt.samplers.MCCAdL, {"step_size": -1e-3}, ValueError, ["step_size", "-0.001"]),
+    (kt.samplers.MCCAdL, {"step_size": 1e-3, "friction": "high"}, TypeError, ["friction", "'high'"]),
+    (kt.samplers.MCCAdL, {"step_size": 1e-3, "mass": 0}, ValueError, ["mass", "0"]),
+    (kt.samplers.MCCAdL, {"step_size": 1e-3, "expm": "pade"}, ValueError, ["expm", "'pade'", "'taylor'", "'gram'"]),
 ]
 
 
