@@ -567,3 +567,83 @@ def full_covariance(g: Any) -> tf.Tensor:
     denominator = _denominator(g, "full_covariance")
     gc = centered(g)
     return tf.matmul(gc, gc, transpose_a=True) / denominator
+
+
+class PerExampleGradients:
+    """The per-example gradients of one minibatch and the statistics samplers take from them.
+
+    Samplers never touch the rows directly: they ask for the covariance estimate they need, so the
+    same sampler code runs on one device and under `tf.distribute`, where each replica holds the
+    rows of its slice of the global batch. Statistics are always those of the global batch:
+
+    * `diagonal_covariance()`: two all-reduces of an `[Nd]` vector (the global mean, then the
+      centered sums of squares), so the result equals the single-device one;
+    * `full_covariance()`: the global mean plus one all-reduce of `[Nd, Nd]`;
+    * `covariance_factor()`: the global `Gc` (`[n, Nd]`, every replica's centered rows gathered
+      in replica order), the operand of mCCAdL's C step. One all-gather of `n * Nd` floats per
+      step: the adaptive Taylor loop cannot all-reduce inside its `tf.while_loop` under
+      `MirroredStrategy`, so the rows travel once instead.
+
+    Other representations (for example the per-layer factors of `Dense` networks) provide the
+    same members: `count`, `diagonal_covariance()`, `full_covariance()`, `covariance_factor()`
+    (anything `keras_thermo.linalg.expm_action` accepts as `gc`) and `covariance_trace()`.
+
+    Args:
+        rows: `G`, `[n, Nd]` per-example gradients of this replica's examples (cast to float32).
+        cross_replica: A `keras_thermo._distribute.CrossReplica`; None creates one for the current
+            context (the identity outside a strategy).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> g = PerExampleGradients(tf.constant([[1.0, 2.0], [3.0, 6.0]]))
+        >>> float(g.count), g.diagonal_covariance().numpy().tolist()
+        (2.0, [2.0, 8.0])
+    """
+
+    def __init__(self, rows: Any, cross_replica: Any = None):
+        from keras_thermo._distribute import CrossReplica  # noqa: PLC0415 (tiny module)
+
+        self._rows = tf.cast(_check_rows(rows, "PerExampleGradients"), tf.float32)
+        self._cross = cross_replica if cross_replica is not None else CrossReplica()
+        local = self._rows.shape[0]
+        self._static_count = None if local is None else local * self._cross.num_replicas
+        if self._static_count is not None and self._static_count < 2:
+            raise ValueError(
+                "PerExampleGradients: estimating the gradient-noise covariance needs a global "
+                f"batch of at least 2 examples; got {self._static_count}."
+            )
+        self._mean = None
+        self._factor = None
+
+    @property
+    def count(self) -> tf.Tensor:
+        """n, the number of examples in the global batch (float32 scalar)."""
+        if self._static_count is not None:
+            return tf.constant(float(self._static_count))
+        return self._cross.sum(tf.cast(tf.shape(self._rows)[0], tf.float32))
+
+    def _centered_local(self) -> tf.Tensor:
+        if self._mean is None:
+            self._mean = self._cross.sum(tf.reduce_sum(self._rows, axis=0)) / self.count
+        return self._rows - self._mean
+
+    def diagonal_covariance(self) -> tf.Tensor:
+        """`diag(V)`, `[Nd]`, with `V = Gc^T Gc / (n - 1)` over the global batch."""
+        squares = tf.reduce_sum(tf.square(self._centered_local()), axis=0)
+        return self._cross.sum(squares) / (self.count - 1.0)
+
+    def full_covariance(self) -> tf.Tensor:
+        """`V`, `[Nd, Nd]` (small models only)."""
+        local = self._centered_local()
+        product = tf.matmul(local, local, transpose_a=True)
+        return self._cross.sum(product) / (self.count - 1.0)
+
+    def covariance_factor(self) -> tf.Tensor:
+        """`Gc`, the `[n, Nd]` centered rows of the global batch: `V = Gc^T Gc / (n - 1)`."""
+        if self._factor is None:
+            self._factor = self._cross.gather_rows(self._centered_local())
+        return self._factor
+
+    def covariance_trace(self) -> tf.Tensor:
+        """`tr(V) = ||Gc||_F^2 / (n - 1)` (from the gathered factor: no further communication)."""
+        return tf.reduce_sum(tf.square(self.covariance_factor())) / (self.count - 1.0)

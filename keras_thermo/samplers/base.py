@@ -28,8 +28,9 @@ class StepContext(NamedTuple):
         batch_size: n of this minibatch (float32 scalar tensor).
         potential: U of this minibatch (float32 scalar tensor).
         seed: The model's integer seed; noise is keyed by (seed, step, stream).
-        per_example_gradients: `[n, Nd]` gradients of the per-example losses, in the order of
-            the trainable variables, when the sampler asks for them; else None.
+        per_example_gradients: The per-example gradients of the minibatch when the sampler asks
+            for them (a `grads.PerExampleGradients`, or a raw `[n, Nd]` tensor in the order of
+            the trainable variables); else None.
     """
 
     temperature: float
@@ -37,7 +38,7 @@ class StepContext(NamedTuple):
     batch_size: tf.Tensor
     potential: tf.Tensor
     seed: int
-    per_example_gradients: tf.Tensor | None = None
+    per_example_gradients: Any = None
 
     def normal(self, step: tf.Tensor, like: Sequence[tf.Tensor], stream: int) -> Tensors:
         """Standard normal draws shaped like `like`, keyed by this step and `stream`."""
@@ -172,22 +173,28 @@ class ThermostatSampler(Sampler):
         }
 
 
-def require_per_example_gradients(context: StepContext, sampler_name: str) -> tf.Tensor:
-    """The `[n, Nd]` per-example gradients of the step; a clear error when they are missing."""
-    if context.per_example_gradients is None:
+def require_per_example_gradients(context: StepContext, sampler_name: str):
+    """The per-example gradients of the step (a `grads.PerExampleGradients` or an object with the
+    same members); a raw `[n, Nd]` tensor is wrapped. A clear error when they are missing."""
+    from keras_thermo import grads as kt_grads  # noqa: PLC0415 (grads imports keras models)
+
+    given = context.per_example_gradients
+    if given is None:
         raise ValueError(
             f"{sampler_name} needs the per-example gradients of the minibatch in "
             "`context.per_example_gradients` (shape [n, Nd]); BayesianModel supplies them "
             "because the sampler sets `needs_per_example_gradients = True`. When calling "
             "`update` directly, pass them in the StepContext."
         )
-    rows = context.per_example_gradients.shape[0]
+    if hasattr(given, "covariance_factor"):
+        return given
+    rows = tf.convert_to_tensor(given).shape[0]
     if rows is not None and rows < 2:
         raise ValueError(
             f"{sampler_name} estimates the gradient-noise covariance from the minibatch, which "
             f"needs a batch size of at least 2; got per-example gradients for {rows} example(s)."
         )
-    return tf.cast(context.per_example_gradients, tf.float32)
+    return kt_grads.PerExampleGradients(given)
 
 
 def force_noise_scale(context: StepContext) -> tf.Tensor:

@@ -127,13 +127,13 @@ class CCAdL(ThermostatSampler):
         momentum, xi = self.initial_momentum_and_xi(params, temperature=temperature, seed=seed)
         return CCAdLState(step=tf.constant(0, tf.int64), momentum=momentum, xi=xi, covariance=average)
 
-    def _moving_average(self, state: CCAdLState, per_example: tf.Tensor, params):
+    def _moving_average(self, state: CCAdLState, per_example, params):
         """`I_t = (1 - 1/t) I_{t-1} + (1/t) V(theta_t)`, t = 1 on the first step."""
         weight = 1.0 / tf.cast(state.step + 1, tf.float32)
         if self.covariance == "full":
-            current = kt_grads.full_covariance(per_example)
+            current = per_example.full_covariance()
             return (1.0 - weight) * state.covariance + weight * current
-        current = kt_grads.unflatten(kt_grads.diagonal_covariance(per_example), params)
+        current = kt_grads.unflatten(per_example.diagonal_covariance(), params)
         return [(1.0 - weight) * old + weight * new for old, new in zip(state.covariance, current)]
 
     def _covariance_times(self, average, momentum, params) -> list[tf.Tensor]:

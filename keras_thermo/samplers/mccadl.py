@@ -132,8 +132,8 @@ class MCCAdL(ThermostatSampler):
         num_params = num_scalars(params)
         beta = 1.0 / context.temperature
 
-        centered = kt_grads.centered(per_example)
-        rows = tf.cast(tf.shape(centered)[0], tf.float32)
+        centered = per_example.covariance_factor()
+        rows = per_example.count
         # The papers' Sigma is the force covariance over the mass, (N^2/n) Gc^T Gc / ((n-1) M),
         # so h (h/2) beta Sigma = tau Gc^T Gc with:
         sigma_scale = force_noise_scale(context) / self.mass
@@ -148,7 +148,7 @@ class MCCAdL(ThermostatSampler):
             thermostat_kwargs=self.thermostat_kwargs(params, context), covariance_step=c_step,
         )
 
-        noise_trace = sigma_scale * tf.reduce_sum(kt_grads.diagonal_covariance(per_example))
+        noise_trace = sigma_scale * per_example.covariance_trace()
         diagnostics = {
             "kinetic_temperature": integrators.kinetic_temperature(thermostat_momentum, self.mass, num_params),
             "step_size": h,
