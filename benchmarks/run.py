@@ -2,6 +2,7 @@
 
     python -m benchmarks.run configs/<name>.yaml [--quick] [--mock-data] [--out DIR]
                              [--data-dir DIR] [--methods a,b] [--verbose 0|1|2]
+                             [--strategy none|mirrored|multi_worker] [--logical-cpus N]
 
 A config names a classification task (dataset, network, label noise levels), a training budget
 and a list of methods. Point-estimate baselines (`optimizer:`) train the network with plain
@@ -60,11 +61,20 @@ per-epoch history of every run; NaN written as null), `table.md`, `accuracy.png`
 
 A TFDS dataset that is not prepared stops the runner with a message that says how to prepare
 it (or to pass `--mock-data`), exit status 2.
+
+Scaling out (`--strategy`): how a config runs is not part of it, so the same config runs on one
+device or many. `mirrored` replicates every model over this machine's GPUs (or, with no GPU, its
+CPU devices: `--logical-cpus N` splits the CPU into N for a try-out); `multi_worker` joins the
+cluster described by the `TF_CONFIG` environment variable (start the same command on every
+worker). Networks and models are built and compiled under `strategy.scope()`;
+`training.batch_size` stays the global batch and must divide evenly among the replicas. Worker 0
+writes to `--out`, worker i > 0 to `--out/worker<i>` (same machine or not, nothing collides).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import json
@@ -90,6 +100,7 @@ QUICK_KEYS = {
 }
 DATASETS = ("digits", "emnist_balanced", "fashion_mnist", "cifar10")
 DEFAULT_MOCK_EXAMPLES = 64
+STRATEGIES = ("none", "mirrored", "multi_worker")
 EXIT_ERROR = 2  # missing data or a bad config, like argparse usage errors
 
 
@@ -214,10 +225,12 @@ def apply_quick(config: dict) -> dict:
     else:
         config["data"]["label_noise"] = config["data"]["label_noise"][:1]
     evaluation = config["evaluation"]
-    for key in ("burn_in_epochs", "burn_in_steps", "every_n_steps"):
-        if key in quick:
-            evaluation.pop("burn_in_steps" if key == "burn_in_epochs" else "burn_in_epochs", None)
+    for key, alternative in (("burn_in_epochs", "burn_in_steps"), ("burn_in_steps", "burn_in_epochs")):
+        if key in quick:  # the quick burn-in replaces the config's, in whichever unit it has
+            evaluation.pop(alternative, None)
             evaluation[key] = quick[key]
+    if "every_n_steps" in quick:
+        evaluation["every_n_steps"] = quick["every_n_steps"]
     for method in config["methods"].values():
         method.pop("evaluation", None)  # the quick evaluation schedule applies to every method
     for key, options in (quick.get("methods") or {}).items():
@@ -315,6 +328,111 @@ def build_optimizer(method: dict):
 
 
 # --------------------------------------------------------------------------------------------
+# tf.distribute
+
+
+def split_cpu(num_devices: int) -> None:
+    """Splits the first physical CPU into `num_devices` logical devices.
+
+    Lets `--strategy mirrored` run (slowly) on a machine without GPUs. TensorFlow fixes its
+    devices when it first uses them, so this must run before anything else touches TensorFlow.
+
+    Raises:
+        ValueError: `num_devices` is not a positive integer.
+        RuntimeError: TensorFlow has already initialised its devices.
+    """
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
+        raise ValueError(f"`num_devices` must be a positive integer, got {num_devices!r}.")
+    import tensorflow as tf  # noqa: PLC0415
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
+
+
+def make_strategy(kind: str):
+    """The `tf.distribute` strategy named by `--strategy`, or None for `"none"`.
+
+    `"mirrored"` uses every GPU, or every (logical) CPU device when there is no GPU;
+    `"multi_worker"` reads the cluster and this worker's index from `TF_CONFIG`.
+
+    Raises:
+        ValueError: `kind` is not one of `STRATEGIES`, or `"multi_worker"` without `TF_CONFIG`.
+    """
+    if kind not in STRATEGIES:
+        raise ValueError(f"`strategy` must be one of {list(STRATEGIES)}, got {kind!r}.")
+    if kind == "none":
+        return None
+    import tensorflow as tf  # noqa: PLC0415
+
+    if kind == "mirrored":
+        if tf.config.list_logical_devices("GPU"):
+            return tf.distribute.MirroredStrategy()
+        return tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")])
+    if not os.environ.get("TF_CONFIG"):
+        raise ValueError(
+            "`strategy` 'multi_worker' needs the TF_CONFIG environment variable, e.g. "
+            '{"cluster": {"worker": ["host0:port", "host1:port"]}, "task": {"type": "worker", "index": 0}}.'
+        )
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+def describe_strategy(strategy) -> dict:
+    """What results.json records about how the run was distributed."""
+    if strategy is None:
+        return {"strategy": "none", "num_replicas": 1, "num_workers": 1, "worker_index": 0}
+    resolver = getattr(strategy, "cluster_resolver", None)
+    workers = len((resolver.cluster_spec().as_dict() if resolver else {}).get("worker", [])) or 1
+    return {
+        "strategy": type(strategy).__name__,
+        "num_replicas": int(strategy.num_replicas_in_sync),
+        "num_workers": workers,
+        "worker_index": int(resolver.task_id) if resolver and resolver.task_id is not None else 0,
+    }
+
+
+def output_folder(out: str | os.PathLike, strategy) -> Path:
+    """`out` for worker 0 (or no strategy), `out/worker<i>` for worker i > 0 of a cluster."""
+    index = describe_strategy(strategy)["worker_index"]
+    return Path(out) / f"worker{index}" if index > 0 else Path(out)
+
+
+def adapt_to_strategy(config: dict, strategy, log=print) -> dict:
+    """The config as it can run under `strategy`; fails before training on what cannot.
+
+    Keras cannot synchronise replicas inside its multi-step loop (keras-team/keras#19246), so
+    `training.steps_per_execution` becomes 1 when there is more than one replica.
+
+    Raises:
+        ConfigError: The global batch does not divide evenly among the replicas, or a plain
+            Keras baseline is asked to run on several workers.
+    """
+    if strategy is None:
+        return config
+    replicas = int(strategy.num_replicas_in_sync)
+    batch = int(config["training"]["batch_size"])
+    if batch % replicas:
+        raise ConfigError(
+            f"`training.batch_size` is the global batch and must divide evenly among the {replicas} "
+            f"replicas, got {batch}."
+        )
+    if describe_strategy(strategy)["num_workers"] > 1:
+        baselines = [key for key, method in config["methods"].items() if "optimizer" in method]
+        if baselines:
+            # Keras 3 reduces a plain model's first batch and scalar logs in ways a multi-worker
+            # strategy refuses (keras-team/keras#20585).
+            raise ConfigError(
+                f"Methods {baselines} train a plain Keras model, which Keras 3 cannot `fit` under "
+                "a multi-worker strategy (keras-team/keras#20585); select samplers with --methods."
+            )
+    if replicas > 1 and int(config["training"]["steps_per_execution"]) != 1:
+        log(f"steps_per_execution {config['training']['steps_per_execution']} -> 1: Keras cannot "
+            f"synchronise {replicas} replicas inside its multi-step loop.")
+        config = copy.deepcopy(config)
+        config["training"]["steps_per_execution"] = 1
+    return config
+
+
+# --------------------------------------------------------------------------------------------
 # Runs
 
 
@@ -390,8 +508,29 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise: float, out: Path, verbose: int) -> dict:
-    """Trains or samples one method at one label-noise level; returns its record for results.json."""
+def _distributable(dataset, strategy):
+    """The training dataset, sharded by DATA across workers.
+
+    Every worker builds the same pipeline (same seed, same order) from in-memory arrays, which
+    have no files to shard by: each worker reads every global batch and keeps its replicas'
+    slices, so the replicas together see exactly the single-device batches.
+    """
+    if strategy is None:
+        return dataset
+    import tensorflow as tf  # noqa: PLC0415
+
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(options)
+
+
+def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise: float, out: Path, verbose: int,
+               strategy=None) -> dict:
+    """Trains or samples one method at one label-noise level; returns its record for results.json.
+
+    With a `tf.distribute` strategy, the network and the model are built and compiled under its
+    scope (so `fit` replicates them); None runs on the default device.
+    """
     import keras  # noqa: PLC0415
 
     import keras_thermo as kt  # noqa: PLC0415
@@ -399,7 +538,11 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
 
     training = config["training"]
     seed = int(training["seed"])
-    net = build_net(config, seed)
+    def scope():  # a fresh context each time: a strategy's scope cannot be re-entered
+        return strategy.scope() if strategy is not None else contextlib.nullcontext()
+
+    with scope():
+        net = build_net(config, seed)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     log_dir = out / "tensorboard" / key / f"noise{round(100 * label_noise)}"
     num_bins = int(config["evaluation"].get("num_bins", 15))
@@ -411,12 +554,13 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
         sampler = build_sampler(method)
         schedule = _evaluation_schedule(config, method, task.train.steps_per_epoch, sampler)
         num_bins = schedule["num_bins"]
-        model = kt.BayesianModel(
-            net, sampler, num_examples=task.train.num_examples,
-            prior=None if method.get("prior_std") is None else kt.priors.Gaussian(float(method["prior_std"])),
-            temperature=float(method.get("temperature", 1.0)), seed=seed,
-        )
-        model.compile(loss=loss, steps_per_execution=int(training["steps_per_execution"]))
+        with scope():
+            model = kt.BayesianModel(
+                net, sampler, num_examples=task.train.num_examples,
+                prior=None if method.get("prior_std") is None else kt.priors.Gaussian(float(method["prior_std"])),
+                temperature=float(method.get("temperature", 1.0)), seed=seed,
+            )
+            model.compile(loss=loss, steps_per_execution=int(training["steps_per_execution"]))
         average = PosteriorAverage(
             task.test, schedule["burn_in_steps"], schedule["every_n_steps"],
             weighting=schedule["weighting"], num_bins=num_bins,
@@ -425,8 +569,9 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
         record.update(kind="sampler", sampler=sampler.get_config() | {"name": sampler.name}, evaluation=schedule)
     else:
         model = net
-        model.compile(optimizer=build_optimizer(method), loss=loss,
-                      steps_per_execution=int(training["steps_per_execution"]))
+        with scope():
+            model.compile(optimizer=build_optimizer(method), loss=loss,
+                          steps_per_execution=int(training["steps_per_execution"]))
         callbacks.append(keras.callbacks.TerminateOnNaN())
         record.update(kind="optimizer", optimizer={"name": method["optimizer"], **method["options"]})
     callbacks.append(keras.callbacks.TensorBoard(str(log_dir), write_graph=False, profile_batch=0))
@@ -435,8 +580,8 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
     started = time.perf_counter()
     history = None
     try:
-        history = model.fit(task.train.dataset, epochs=int(training["epochs"]), callbacks=callbacks,
-                            shuffle=False, verbose=verbose)  # the dataset shuffles itself
+        history = model.fit(_distributable(task.train.dataset, strategy), epochs=int(training["epochs"]),
+                            callbacks=callbacks, shuffle=False, verbose=verbose)  # the dataset shuffles itself
     except kt.SamplerDivergedError as error:
         status, message = "diverged", str(error)
     seconds = time.perf_counter() - started
@@ -594,6 +739,7 @@ def run_config(
     methods: str | list[str] | None = None,
     verbose: int | str = "auto",
     log=print,
+    strategy=None,
 ) -> dict:
     """Runs every method of a loaded config at every label-noise level and writes the reports.
 
@@ -606,6 +752,9 @@ def run_config(
         methods: Keep only these method keys.
         verbose: Keras `fit` verbosity.
         log: Where progress lines go.
+        strategy: A `tf.distribute.Strategy` (see `make_strategy`) to build and fit every model
+            under, or None. `training.batch_size` is the global batch. Worker i > 0 of a
+            multi-worker cluster writes to `out/worker<i>`.
 
     Returns:
         The results dict that was written to `results.json`.
@@ -616,7 +765,8 @@ def run_config(
         config = dict(config, methods=select_methods(config["methods"], methods))
     for method in config["methods"].values():  # fail on a bad method before training anything
         build_sampler(method) if "sampler" in method else build_optimizer(method)
-    out = Path(out)
+    config = adapt_to_strategy(config, strategy, log)
+    out = output_folder(out, strategy)
     out.mkdir(parents=True, exist_ok=True)
     runs = []
     total = len(config["methods"]) * len(config["data"]["label_noise"])
@@ -627,7 +777,7 @@ def run_config(
             log(f"[{len(runs) + 1}/{total}] {method['label']}, {round(100 * noise)}% permuted labels: "
                 f"{config['training']['epochs']} epochs of {task.train.steps_per_epoch} steps, "
                 f"N = {task.train.num_examples}")
-            run = run_method(key, method, config, task, noise, out, verbose)
+            run = run_method(key, method, config, task, noise, out, verbose, strategy)
             m = run["metrics"]
             log(f"    {run['status']} in {run['seconds']:.1f} s: accuracy {_percent(m['accuracy'])}, "
                 f"NLL {_number(m['nll'])}, ECE {_number(m['ece'])}, samples {m['num_samples']}")
@@ -640,6 +790,7 @@ def run_config(
         "title": config["title"],
         "quick": quick,
         "mock_data": mock_data,
+        "distribute": describe_strategy(strategy),
         "seconds": time.perf_counter() - started,
         "config": config,
         "runs": [{k: v for k, v in run.items() if not k.startswith("_")} for run in runs],
@@ -661,19 +812,35 @@ def parse_args(argv: list[str] | None = None, *, description: str | None = None)
     parser.add_argument("--methods", help="comma-separated method keys to run")
     parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=None,
                         help="Keras fit verbosity (default: progress bar on a terminal)")
-    return parser.parse_args(argv)
+    parser.add_argument("--strategy", choices=STRATEGIES, default="none",
+                        help="tf.distribute strategy: mirrored = this machine's GPUs (or CPU devices); "
+                             "multi_worker = the cluster in TF_CONFIG (run the same command on every worker)")
+    parser.add_argument("--logical-cpus", type=int, default=None, metavar="N",
+                        help="split the CPU into N logical devices first (try --strategy mirrored without GPUs)")
+    args = parser.parse_args(argv)
+    if args.logical_cpus is not None and args.logical_cpus < 1:
+        parser.error(f"--logical-cpus must be a positive integer, got {args.logical_cpus}.")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.logical_cpus is not None:
+        split_cpu(args.logical_cpus)  # before anything else touches TensorFlow
     from keras_thermo.data import DatasetNotPreparedError  # noqa: PLC0415
 
     try:
+        strategy = make_strategy(args.strategy)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    try:
         config = load_config(args.config)
-        out = args.out or os.path.join("runs", str(config["name"]))
+        base_out = args.out or os.path.join("runs", str(config["name"]))
         results = run_config(
-            config, out, quick=args.quick, mock_data=args.mock_data, data_dir=args.data_dir,
+            config, base_out, quick=args.quick, mock_data=args.mock_data, data_dir=args.data_dir,
             methods=args.methods, verbose="auto" if args.verbose is None else args.verbose,
+            strategy=strategy,
         )
     except DatasetNotPreparedError as error:
         print(f"error: {error}\n(For a smoke test without the data, pass --mock-data.)", file=sys.stderr)
@@ -681,8 +848,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"error in config {args.config}: {error}", file=sys.stderr)
         return EXIT_ERROR
+    out = output_folder(base_out, strategy)
     print()
-    print((Path(out) / "table.md").read_text(encoding="utf-8"))
+    print((out / "table.md").read_text(encoding="utf-8"))
     print(f"Wrote {out}/results.json, table.md, {', '.join(results['plots'])} and tensorboard/ "
           f"in {results['seconds']:.0f} s.")
     return 0

@@ -68,6 +68,15 @@ class CrossReplica:
             return value
         return self._context.all_gather(value, axis=0)
 
+    def is_first_local_replica(self) -> tf.Tensor:
+        """True on the first replica of this worker (where per-worker callbacks' buffers are
+        written); always True on one device."""
+        if self._context is None:
+            return tf.constant(True)
+        local_replicas = len(tf.distribute.get_strategy().extended.worker_devices)
+        replica = tf.convert_to_tensor(self._context.replica_id_in_sync_group)
+        return tf.equal(replica % local_replicas, 0)
+
     def assign(self, variables, values) -> None:
         """`variable.assign(value)` for each pair, on every replica's copy.
 
@@ -89,6 +98,27 @@ class CrossReplica:
 
         pairs = [(_tf_variable(variable), value) for variable, value in zip(variables, values)]
         self._context.merge_call(assign_on_each_device, args=(pairs,))
+
+
+def replica_local_variable(initial_value, name: str) -> tf.Variable:
+    """A non-trainable variable with one independent copy per replica of the current strategy.
+
+    Each replica writes its own copy inside the train step with no synchronisation (a mirrored
+    variable refuses such writes); reading it outside the step returns the first replica's copy.
+    Outside a strategy it is a plain variable. Used for buffers and flags that callbacks read.
+    """
+    return tf.Variable(
+        initial_value,
+        trainable=False,
+        name=name,
+        synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+    )
+
+
+def is_distributed(variable) -> bool:
+    """Whether `variable` has per-replica copies (it then supports only whole assignments)."""
+    return isinstance(variable, tf.distribute.DistributedValues)
 
 
 def _tf_variable(variable):

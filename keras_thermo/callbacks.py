@@ -15,6 +15,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_thermo._distribute import is_distributed, replica_local_variable
 from keras_thermo._validation import check_int
 
 
@@ -36,9 +37,10 @@ class ParameterRecorder:
         self.burn_in_steps = burn_in_steps
         self.every_n_steps = every_n_steps
         self.capacity = capacity
-        self.values = tf.Variable(tf.zeros([capacity, num_params]), trainable=False, name="recorded_values")
-        self.steps = tf.Variable(tf.zeros([capacity], tf.int64), trainable=False, name="recorded_steps")
-        self.count = tf.Variable(0, dtype=tf.int32, trainable=False, name="recorded_count")
+        # Per-replica copies under tf.distribute: only the first replica of each worker writes.
+        self.values = replica_local_variable(tf.zeros([capacity, num_params]), name="recorded_values")
+        self.steps = replica_local_variable(tf.zeros([capacity], tf.int64), name="recorded_steps")
+        self.count = replica_local_variable(tf.constant(0, tf.int32), name="recorded_count")
 
     def is_due(self, step: tf.Tensor) -> tf.Tensor:
         after = step - self.burn_in_steps
@@ -51,8 +53,13 @@ class ParameterRecorder:
             flat = tf.concat([tf.reshape(tf.cast(v, tf.float32), [-1]) for v in variables], axis=0)
             # The capacity covers one execution; the clamp only guards against misuse.
             index = tf.minimum(self.count, self.capacity - 1)
-            self.values.scatter_nd_update([[index]], flat[None, :])
-            self.steps.scatter_nd_update([[index]], step[None])
+            if is_distributed(self.values):
+                # Per-replica variables have no scatter; rewrite the buffer instead.
+                self.values.assign(tf.tensor_scatter_nd_update(self.values, [[index]], flat[None, :]))
+                self.steps.assign(tf.tensor_scatter_nd_update(self.steps, [[index]], step[None]))
+            else:
+                self.values.scatter_nd_update([[index]], flat[None, :])
+                self.steps.scatter_nd_update([[index]], step[None])
             self.count.assign(index + 1)
             return tf.constant(True)
 
@@ -84,9 +91,10 @@ class RecordingCallback(keras.callbacks.Callback):
         self._check_sampling_period(model.sampler)
         steps_per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
         capacity = math.ceil(steps_per_execution / self.every_n_steps) + 1
-        self.recorder = ParameterRecorder(
-            model.num_params, capacity, self.burn_in_steps, self.every_n_steps
-        )
+        with model.distribute_strategy.scope():
+            self.recorder = ParameterRecorder(
+                model.num_params, capacity, self.burn_in_steps, self.every_n_steps
+            )
         return self.recorder
 
     def _check_sampling_period(self, sampler) -> None:

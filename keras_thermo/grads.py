@@ -395,6 +395,7 @@ def per_example_gradients(
             "variables."
         )
     is_loss_object = isinstance(loss_fn, keras.losses.Loss)
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
 
     def as_batch_of_one(structure: Any) -> Any:
         return tf.nest.map_structure(lambda t: tf.expand_dims(t, 0), structure)
@@ -416,6 +417,9 @@ def per_example_gradients(
                     )
             if is_loss_object:
                 loss = loss_fn(y_i, y_pred, sample_weight=weight_i)
+                # Under tf.distribute a Keras loss divides itself by the number of replicas
+                # (so that summed replica gradients average); a per-example loss must not.
+                loss = loss * tf.cast(replicas, loss.dtype)
             else:
                 loss = tf.reduce_mean(loss_fn(y_i, y_pred))
                 if weight_i is not None:

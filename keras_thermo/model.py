@@ -22,6 +22,7 @@ import tensorflow as tf
 from keras.src.trainers.data_adapters import data_adapter_utils
 
 from keras_thermo import grads as kt_grads
+from keras_thermo._distribute import CrossReplica, replica_local_variable
 from keras_thermo import priors as kt_priors
 from keras_thermo import samplers as kt_samplers
 from keras_thermo._validation import check_int, check_positive, check_seed
@@ -46,7 +47,8 @@ class _Runtime:
 
     def __init__(self):
         self.recorders: list = []
-        self.diverged_at = tf.Variable(-1, dtype=tf.int64, trainable=False, name="diverged_at")
+        # One copy per replica (they agree): written inside the step, read by the callbacks.
+        self.diverged_at = replica_local_variable(tf.constant(-1, tf.int64), name="diverged_at")
         self.state_structure = None
 
 
@@ -123,7 +125,8 @@ class BayesianModel(keras.Model):
         self.temperature = check_positive("temperature", temperature)
         seed = check_seed("seed", seed)
         self.seed = py_random.randrange(2**31) if seed is None else seed
-        self._runtime = _Runtime()
+        with self.distribute_strategy.scope():
+            self._runtime = _Runtime()
         self._state_variables: list = []
 
     # --- Keras plumbing -----------------------------------------------------------------------
@@ -183,6 +186,17 @@ class BayesianModel(keras.Model):
                     f"U = num_examples * loss with sampler {type(self.sampler).__name__} needs "
                     f"a batch mean, one of {list(allowed)}."
                 )
+        replicas = self.distribute_strategy.num_replicas_in_sync
+        steps_per_execution = kwargs.get("steps_per_execution", 1)
+        if replicas > 1 and steps_per_execution != 1:
+            # Keras' multi-step loop wraps each step in a tf.cond, and cross-replica
+            # synchronisation inside it fails at run time ("You must feed a value for
+            # placeholder tensor"), for plain Keras optimizers too (keras-team/keras#19246).
+            raise ValueError(
+                f"`steps_per_execution` must be 1 under a tf.distribute strategy with {replicas} "
+                f"replicas; got {steps_per_execution!r}. Keras cannot synchronise replicas inside "
+                "its multi-step loop."
+            )
         super().compile(optimizer=None, loss=loss, **kwargs)
 
     def compile_from_config(self, config):
@@ -231,6 +245,10 @@ class BayesianModel(keras.Model):
                 f"`net` {self.net.name!r} has no trainable weights to sample; a BayesianModel "
                 "needs at least one trainable variable."
             )
+        with self.distribute_strategy.scope():
+            self._create_state_variables(params)
+
+    def _create_state_variables(self, params) -> None:
         initial = self.sampler.init(params, temperature=self.temperature, seed=self.seed)
         names = []
         for field, value in initial._asdict().items():
@@ -260,19 +278,29 @@ class BayesianModel(keras.Model):
     # --- the training step --------------------------------------------------------------------
 
     def compute_potential(self, x, y, sample_weight=None, training=True):
-        """Returns `(U, L, y_pred)` for a batch: `U = N * L + R` (DESIGN section 3)."""
+        """Returns `(U, L, y_pred)` for a batch: `U = N * L + R` (DESIGN section 3).
+
+        Under a `tf.distribute` strategy with r replicas this is the replica's share: Keras
+        divides the loss of each replica's slice by r, and the prior is divided by r here, so the
+        replicas' `U` (and their gradients) sum to the global batch's.
+        """
         y_pred = self(x, training=training)
         loss = self._compute_loss(
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
         )
         potential = tf.cast(self.num_examples, loss.dtype) * loss
         if self.prior is not None:
-            potential += tf.cast(self.prior(self.trainable_variables), loss.dtype)
+            replicas = tf.distribute.get_strategy().num_replicas_in_sync
+            prior = tf.cast(self.prior(self.trainable_variables), loss.dtype)
+            potential += prior / replicas if replicas > 1 else prior
         return potential, loss, y_pred
 
     def train_step(self, data):
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
         variables = self.trainable_variables
+        # Identity on one device; under tf.distribute it makes every replica see the global
+        # batch's force, potential and noise statistics, so all replicas take the same step.
+        cross = CrossReplica()
         with tf.GradientTape() as tape:
             potential, loss, y_pred = self.compute_potential(x, y, sample_weight)
         gradients = tape.gradient(potential, variables)
@@ -280,50 +308,54 @@ class BayesianModel(keras.Model):
             -tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v)
             for g, v in zip(gradients, variables)
         ]
-        batch_size = tf.shape(tf.nest.flatten(x)[0])[0]
-        self._loss_tracker.update_state(loss, sample_weight=batch_size)
+        local_batch_size = tf.shape(tf.nest.flatten(x)[0])[0]
+        self._loss_tracker.update_state(loss * cross.num_replicas, sample_weight=local_batch_size)
+        force, potential, batch_size = cross.sum(
+            (force, tf.cast(potential, tf.float32), tf.cast(local_batch_size, tf.float32))
+        )
 
         per_example = None
         if self.sampler.needs_per_example_gradients:
-            per_example = self._per_example_gradients(x, y, sample_weight)
+            per_example = self._per_example_gradients(x, y, sample_weight, cross)
         context = kt_samplers.StepContext(
             temperature=self.temperature,
             num_examples=self.num_examples,
-            batch_size=tf.cast(batch_size, tf.float32),
-            potential=tf.cast(potential, tf.float32),
+            batch_size=batch_size,
+            potential=potential,
             seed=self.seed,
             per_example_gradients=per_example,
         )
         state = self.sampler_state()
         params = [tf.convert_to_tensor(v) for v in variables]
         new_params, new_state, diagnostics = self.sampler.update(state, params, force, context)
-        self._apply_if_finite(variables, new_params, state, new_state, potential)
+        self._apply_if_finite(variables, new_params, state, new_state, potential, cross)
 
         logs = self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         logs = dict(logs)
-        logs["potential"] = tf.cast(potential, tf.float32)
+        logs["potential"] = potential
         logs.update(diagnostics)
         return logs
 
-    def _per_example_gradients(self, x, y, sample_weight):
-        return kt_grads.per_example_gradients(self.net, self.loss, x, y, sample_weight)
+    def _per_example_gradients(self, x, y, sample_weight, cross):
+        rows = kt_grads.per_example_gradients(self.net, self.loss, x, y, sample_weight)
+        return kt_grads.PerExampleGradients(rows, cross)
 
-    def _apply_if_finite(self, variables, new_params, state, new_state, potential) -> None:
+    def _apply_if_finite(self, variables, new_params, state, new_state, potential, cross) -> None:
         """Assigns the step's results, unless any is non-finite (then nothing moves)."""
         new_leaves = tf.nest.flatten(new_state)
         checked = list(new_params) + [t for t in new_leaves if t.dtype.is_floating] + [potential]
         finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in checked])
         ok = tf.logical_and(finite, self._runtime.diverged_at < 0)
-        for variable, value in zip(variables, new_params):
-            variable.assign(tf.where(ok, value, variable))
-        for variable, value in zip(self._state_variables, new_leaves):
-            variable.assign(tf.where(ok, value, variable))
+        targets = list(variables) + list(self._state_variables)
+        values = list(new_params) + new_leaves
+        cross.assign(targets, [tf.where(ok, value, target) for target, value in zip(targets, values)])
         first_failure = tf.logical_and(tf.logical_not(finite), self._runtime.diverged_at < 0)
         self._runtime.diverged_at.assign(
             tf.where(first_failure, tf.cast(state.step, tf.int64), self._runtime.diverged_at)
         )
         completed = tf.cast(new_state.step, tf.int64)
         is_sample = tf.logical_and(ok, self.sampler.is_sample(new_state))
+        is_sample = tf.logical_and(is_sample, cross.is_first_local_replica())
         for recorder in self._runtime.recorders:
             recorder.maybe_record(completed, is_sample, variables)
 

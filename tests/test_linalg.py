@@ -34,6 +34,8 @@ import tensorflow as tf
 from keras_thermo.linalg import (
     GRAM,
     TAYLOR,
+    CenteredRows,
+    MatrixRows,
     expm_action,
     expm_action_gram,
     expm_action_taylor,
@@ -459,3 +461,139 @@ def test_bad_taylor_options_are_rejected():
 def test_negative_tensor_tau_fails_at_run_time():
     with pytest.raises(tf.errors.InvalidArgumentError, match="tau"):
         expm_action_gram(np.ones((2, 3)), np.ones(3), tf.constant(-1.0, tf.float64))
+
+
+# ---------------------------------------------------------------------------------------------
+# Operators (gc given through its products)
+
+
+class FactoredRows(CenteredRows):
+    """`Gc = left @ right^T` kept factored: the methods can only have used the interface."""
+
+    def __init__(self, left, right):
+        self.left, self.right = tf.convert_to_tensor(left), tf.convert_to_tensor(right)
+
+    num_rows = property(lambda self: tf.shape(self.left)[0] if self.left.shape[0] is None
+                        else self.left.shape[0])
+    num_cols = property(lambda self: tf.shape(self.right)[0] if self.right.shape[0] is None
+                        else self.right.shape[0])
+    dtype = property(lambda self: self.left.dtype)
+
+    def matvec(self, block):
+        return tf.matmul(self.left, tf.matmul(self.right, block, transpose_a=True))
+
+    def rmatvec(self, block):
+        return tf.matmul(self.right, tf.matmul(self.left, block, transpose_a=True))
+
+    def gram(self):
+        inner = tf.matmul(self.right, self.right, transpose_a=True)
+        product = tf.matmul(self.left, tf.matmul(inner, self.left, transpose_b=True))
+        return 0.5 * (product + tf.transpose(product))
+
+    def frobenius_squared(self):
+        return tf.linalg.trace(self.gram())
+
+    def __tf_flatten__(self):
+        return (), (self.left, self.right)
+
+    @classmethod
+    def __tf_unflatten__(cls, metadata, components):
+        operator = cls.__new__(cls)  # components may be TensorSpecs: store them as they are
+        operator.left, operator.right = components
+        return operator
+
+
+def factored(seed: int, n: int, d: int, decay: float, dtype) -> tuple[FactoredRows, np.ndarray]:
+    """A FactoredRows operator and its dense float64 matrix (centered rows, rank n - 1)."""
+    gc = centered_low_rank(seed, n, d, decay)
+    left, singular, right_t = np.linalg.svd(gc, full_matrices=False)
+    left, right = left * singular, right_t.T
+    dense = left.astype(dtype).astype(np.float64) @ right.astype(dtype).astype(np.float64).T
+    return FactoredRows(left.astype(dtype), right.astype(dtype)), dense
+
+
+def test_matrix_rows_products_match_numpy():
+    gc = centered_low_rank(20, 5, 30, 0.6)
+    rows = MatrixRows(gc)
+    block = np.random.default_rng(20).standard_normal((30, 2))
+    row_block = np.random.default_rng(21).standard_normal((5, 2))
+    assert (rows.num_rows, rows.num_cols, rows.dtype) == (5, 30, tf.float64)
+    np.testing.assert_allclose(rows.matvec(block).numpy(), gc @ block, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(rows.rmatvec(row_block).numpy(), gc.T @ row_block, atol=1e-13)
+    np.testing.assert_allclose(rows.gram().numpy(), gc @ gc.T, atol=1e-13)
+    np.testing.assert_allclose(float(rows.frobenius_squared()), np.sum(gc**2), rtol=1e-13)
+    np.testing.assert_array_equal(gram_matrix(rows).numpy(), gram_matrix(gc).numpy())
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("method", ["taylor", "gram", "auto"])
+def test_operator_operands_match_scipy(dtype, method):
+    operator, gc = factored(30, 12, 80, 0.8, dtype)
+    v = np.random.default_rng(30).standard_normal((80, 2)).astype(dtype)
+    rho = largest_gram_eigenvalue(gc)
+    frobenius = float(np.sum(gc**2))
+    for tau_rho in (1e-3, 1.0, 30.0):
+        tau = tau_rho / rho
+        result, _, code = expm_action(operator, v, tau, method=method)
+        assert result.shape == v.shape and result.dtype == tf.as_dtype(dtype)
+        reference = scipy.linalg.expm(-tau * gc.T @ gc) @ v.astype(np.float64)
+        rho_bound = frobenius if int(code) == TAYLOR else rho
+        for column in range(2):
+            bound = error_bound(dtype, tau, rho_bound, rho, v[:, column])
+            computed = result.numpy()[:, column].astype(np.float64)
+            error = np.linalg.norm(computed - reference[:, column])
+            assert error <= bound, (tau_rho, error, bound)
+        # Same plan and choice as for the dense matrix.
+        dense_code = expm_action(gc.astype(dtype), v, tau, method=method)[2]
+        assert int(code) == int(dense_code)
+
+
+def test_operator_with_unknown_rows_in_a_traced_function():
+    """n unknown at trace time (num_rows a tensor); traced once for two batch sizes."""
+    traces = []
+
+    @tf.function(
+        input_signature=(
+            tf.TensorSpec([None, 12], tf.float64),
+            tf.TensorSpec([40, 12], tf.float64),
+            tf.TensorSpec([], tf.float64),
+        )
+    )
+    def apply(left, right, tau):
+        traces.append(None)
+        return expm_action(FactoredRows(left, right), tf.ones([40], tf.float64), tau)
+
+    for n in (12, 7):
+        operator, gc = factored(40 + n, n, 40, 0.7, np.float64)
+        # n-column factors, padded with zero columns to the traced width 12 (same product).
+        left, right = (
+            np.pad(factor.numpy(), ((0, 0), (0, 12 - factor.shape[1])))
+            for factor in (operator.left, operator.right)
+        )
+        rho = largest_gram_eigenvalue(gc)
+        for tau_rho in (1e-4, 20.0):
+            tau = tau_rho / rho
+            tau_tensor = tf.constant(tau, tf.float64)
+            result, _, code = apply(tf.constant(left), tf.constant(right), tau_tensor)
+            reference = scipy.linalg.expm(-tau * gc.T @ gc) @ np.ones(40)
+            rho_bound = float(np.sum(gc**2)) if int(code) == TAYLOR else rho
+            assert np.linalg.norm(result.numpy() - reference) <= error_bound(
+                np.float64, tau, rho_bound, rho, np.ones(40)
+            )
+    assert len(traces) == 1
+
+
+def test_bad_operator_operands_are_rejected_with_a_clear_message():
+    operator, _ = factored(50, 4, 30, 0.5, np.float64)
+    for method in ("taylor", "gram", "auto"):
+        with pytest.raises(ValueError, match=r"`v`.*D = 30.*\(31,\)"):
+            expm_action(operator, np.ones(31), 0.1, method=method)
+        with pytest.raises(TypeError, match=r"`v`.*float64.*float32"):
+            expm_action(operator, tf.ones(30, tf.float32), 0.1, method=method)
+    half = FactoredRows(np.ones((4, 2), np.float16), np.ones((30, 2), np.float16))
+    with pytest.raises(TypeError, match=r"`gc`.*float32 or float64.*FactoredRows.*float16"):
+        expm_action(half, np.ones(30, np.float16), 0.1)
+    with pytest.raises(ValueError, match=r"`matrix`.*rank 2.*\(3,\)"):
+        MatrixRows(np.ones(3))
+    with pytest.raises(TypeError, match=r"`matrix`.*float32 or float64.*int32"):
+        MatrixRows(np.ones((2, 3), np.int32))

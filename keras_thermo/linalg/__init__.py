@@ -9,6 +9,10 @@ parameters). Two methods, both on TensorFlow ops, eager, in `tf.function` and un
 * `expm_action_gram`: exact, through the eigendecomposition of the `n x n` Gram matrix.
 * `expm_action`: dispatches between them by estimated cost (`method="auto"`).
 
+`Gc` is a tensor or a `CenteredRows` operator (`keras_thermo.linalg.operators`) that provides
+`Gc u`, `Gc^T z`, `Gc Gc^T` and `||Gc||_F^2` without the matrix, such as the per-layer factors
+of `keras_thermo.dense_gradients`; `MatrixRows` wraps a tensor.
+
 Accuracy statements for float32 assume full float32 matrix products; on GPUs where TensorFlow
 uses TensorFloat-32 for float32 matmuls (its default on Ampere and later), products carry
 ~1e-3 relative error (`tf.config.experimental.enable_tensor_float_32_execution(False)`
@@ -25,10 +29,13 @@ Example:
 
 from keras_thermo.linalg.dispatch import GRAM, TAYLOR, expm_action
 from keras_thermo.linalg.gram import expm_action_gram, gram_matrix
+from keras_thermo.linalg.operators import CenteredRows, MatrixRows
 from keras_thermo.linalg.taylor import expm_action_taylor
 
 __all__ = [
+    "CenteredRows",
     "GRAM",
+    "MatrixRows",
     "TAYLOR",
     "expm_action",
     "expm_action_gram",

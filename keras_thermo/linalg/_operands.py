@@ -2,9 +2,11 @@
 
 Every public routine takes the same operands: a matrix `gc` of shape `[n, D]` (centered
 per-example gradients, one row per example), a vector `v` of shape `[D]` (or a block `[D, k]`)
-and a scalar `tau >= 0`; the operator is `S = -tau * gc^T gc`. This module turns them into
-tensors of one floating dtype, with `v` as a 2-D block, and rejects anything else with a message
-that names the argument, the value given and what is allowed.
+and a scalar `tau >= 0`; the operator is `S = -tau * gc^T gc`. `gc` is a tensor (or array) or a
+`keras_thermo.linalg.operators.CenteredRows`; a tensor is wrapped in `MatrixRows`, so the
+methods only ever see the operator interface. This module turns the operands into one floating
+dtype, with `v` as a 2-D block, and rejects anything else with a message that names the
+argument, the value given and what is allowed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from keras_thermo.linalg.operators import CenteredRows, MatrixRows
+
 SUPPORTED_DTYPES = (tf.float32, tf.float64)
 
 
@@ -23,13 +27,13 @@ class Operands(NamedTuple):
     """Checked operands of an expm action.
 
     Attributes:
-        gc: `[n, D]` tensor, float32 or float64.
+        gc: the `[n, D]` matrix as a `CenteredRows` operator, float32 or float64.
         v: `[D, k]` tensor of the same dtype (a vector input becomes one column).
         tau: scalar tensor of the same dtype.
         vector_input: whether `v` was given as a vector; results are returned in the same form.
     """
 
-    gc: tf.Tensor
+    gc: CenteredRows
     v: tf.Tensor
     tau: tf.Tensor
     vector_input: bool
@@ -40,6 +44,9 @@ def _describe(value: Any) -> str:
     if isinstance(value, (tf.Tensor, tf.Variable, np.ndarray)):
         shape, dtype = tuple(value.shape), value.dtype.name
         return f"{type(value).__name__} with shape {shape} and dtype {dtype}"
+    if isinstance(value, CenteredRows):
+        shape = (value.num_rows, value.num_cols)
+        return f"{type(value).__name__} with shape {shape} and dtype {value.dtype.name}"
     return repr(value)
 
 
@@ -89,20 +96,17 @@ def check_non_negative_scalar(value: Any, name: str, dtype: tf.DType) -> tf.Tens
 def prepare_operands(gc: Any, v: Any, tau: Any) -> Operands:
     """Checks and converts `(gc, v, tau)`; see the module docstring for what is allowed.
 
-    Arrays and lists given as `v` are converted to the dtype of `gc`; a tensor `v` must already
-    have it. A tensor `tau` is cast to the dtype of `gc` (a float32 `tau` with float64 `gc`
-    keeps only float32 precision).
+    `gc` may be a tensor-like `[n, D]` matrix or a `CenteredRows` operator. Arrays and lists
+    given as `v` are converted to the dtype of `gc`; a tensor `v` must already have it. A
+    tensor `tau` is cast to the dtype of `gc` (a float32 `tau` with float64 `gc` keeps only
+    float32 precision).
 
     Raises:
         TypeError: a dtype other than float32/float64, or `v` and `gc` of different dtypes.
         ValueError: `gc` not rank 2, `v` not rank 1 or 2, lengths that do not match, `tau`
             negative, not finite or not a scalar.
     """
-    gc = _to_float_tensor(gc, "gc")
-    if gc.shape.rank != 2:
-        raise ValueError(
-            f"`gc` must be a rank-2 tensor [n, D] (one row per example); got {_describe(gc)}"
-        )
+    gc = as_operator(gc)
     v = _to_float_tensor(v, "v", dtype_hint=gc.dtype)
     if v.dtype != gc.dtype:
         raise TypeError(
@@ -110,9 +114,10 @@ def prepare_operands(gc: Any, v: Any, tau: Any) -> Operands:
         )
     if v.shape.rank not in (1, 2):
         raise ValueError(f"`v` must be a vector [D] or a block [D, k]; got {_describe(v)}")
-    if not v.shape[:1].is_compatible_with(gc.shape[1:]):
+    columns = gc.num_cols if isinstance(gc.num_cols, int) else None
+    if not v.shape[:1].is_compatible_with([columns]):
         raise ValueError(
-            f"`v` must have length D = {gc.shape[1]} (the number of columns of `gc`) along its "
+            f"`v` must have length D = {columns} (the number of columns of `gc`) along its "
             f"first axis; got {_describe(v)}"
         )
     vector_input = v.shape.rank == 1
@@ -122,17 +127,35 @@ def prepare_operands(gc: Any, v: Any, tau: Any) -> Operands:
     return Operands(gc=gc, v=v, tau=tau, vector_input=vector_input)
 
 
+def as_operator(gc: Any) -> CenteredRows:
+    """`gc` as a `CenteredRows`: operators pass through (dtype checked), matrices are wrapped.
+
+    Raises:
+        TypeError: a dtype other than float32/float64.
+        ValueError: a matrix that is not rank 2.
+    """
+    if isinstance(gc, CenteredRows):
+        if gc.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"`gc` must have dtype float32 or float64; got {_describe(gc)}")
+        return gc
+    gc = _to_float_tensor(gc, "gc")
+    if gc.shape.rank != 2:
+        raise ValueError(
+            f"`gc` must be a rank-2 tensor [n, D] (one row per example); got {_describe(gc)}"
+        )
+    return MatrixRows(gc)
+
+
 def restore_layout(block: tf.Tensor, vector_input: bool) -> tf.Tensor:
     """Returns `block` ([D, k]) in the layout the caller gave `v` in."""
     return block[:, 0] if vector_input else block
 
 
-def frobenius_rho_bound(gc: tf.Tensor) -> tf.Tensor:
-    """`||gc||_F^2`, an upper bound on `rho = lambda_max(gc gc^T)` costing one pass over `gc`."""
-    return tf.reduce_sum(tf.square(gc))
+def frobenius_rho_bound(gc: CenteredRows) -> tf.Tensor:
+    """`||gc||_F^2`, an upper bound on `rho = lambda_max(gc gc^T)` (one pass over a matrix)."""
+    return gc.frobenius_squared()
 
 
-def matrix_shape(gc: tf.Tensor) -> tuple[Any, Any]:
+def matrix_shape(gc: CenteredRows) -> tuple[Any, Any]:
     """`(n, D)` of `gc`: Python ints where static, scalar int32 tensors otherwise."""
-    dynamic = tf.shape(gc)
-    return tuple(gc.shape[axis] if gc.shape[axis] is not None else dynamic[axis] for axis in (0, 1))
+    return gc.num_rows, gc.num_cols

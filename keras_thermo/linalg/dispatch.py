@@ -52,7 +52,9 @@ def expm_action(
     for small `tau * ||Gc||_F^2`, Gram otherwise.
 
     Args:
-        gc: `[n, D]` float32/float64 matrix (centered per-example gradients).
+        gc: `[n, D]` float32/float64 matrix (centered per-example gradients), or a
+            `keras_thermo.linalg.operators.CenteredRows` operator that gives its products
+            without forming it.
         v: `[D]` vector or `[D, k]` block of the same dtype.
         tau: scalar >= 0 (Python number or tensor).
         method: `"auto"`, `"taylor"` or `"gram"`.

@@ -27,15 +27,17 @@ MACHINE_BALANCE = 16.0
 EIGH_FLOPS_PER_N_CUBED = 9.0
 
 
-def gram_matrix(gc: tf.Tensor) -> tf.Tensor:
+def gram_matrix(gc: Any) -> tf.Tensor:
     """`K = Gc Gc^T` (`[n, n]`), symmetrised so that rounding cannot make it asymmetric.
+
+    Args:
+        gc: an `[n, D]` float32/float64 matrix or a `CenteredRows` operator.
 
     Example:
         >>> gram_matrix(tf.constant([[1.0, 2.0], [0.0, 3.0]])).numpy().tolist()
         [[5.0, 6.0], [6.0, 9.0]]
     """
-    gram = tf.matmul(gc, gc, transpose_b=True)
-    return 0.5 * (gram + tf.transpose(gram))
+    return _operands.as_operator(gc).gram()
 
 
 def gram_matvec_equivalents(n: Any, d: Any) -> tf.Tensor:
@@ -62,7 +64,7 @@ def gram_matvec_equivalents(n: Any, d: Any) -> tf.Tensor:
 def run_gram(operands: _operands.Operands) -> tuple[tf.Tensor, tf.Tensor]:
     """The Gram method on checked operands; returns `([D, k] block, matvec equivalents)`."""
     gc, v, tau = operands.gc, operands.v, operands.tau
-    gram = tf.cast(gram_matrix(gc), tf.float64)
+    gram = tf.cast(gc.gram(), tf.float64)
     # eigh fails on NaN/inf on some devices: factor a finite stand-in and return NaN instead.
     finite = tf.reduce_all(tf.math.is_finite(gram))
     gram = tf.where(finite, gram, tf.zeros_like(gram))
@@ -76,9 +78,9 @@ def run_gram(operands: _operands.Operands) -> tuple[tf.Tensor, tf.Tensor]:
     filter_values = tf.where(
         positive, tf.math.expm1(-tau64 * safe_eigenvalues) / safe_eigenvalues, -tau64
     )
-    projected = tf.matmul(eigenvectors, tf.cast(tf.matmul(gc, v), tf.float64), transpose_a=True)
+    projected = tf.matmul(eigenvectors, tf.cast(gc.matvec(v), tf.float64), transpose_a=True)
     coefficients = tf.matmul(eigenvectors, filter_values[:, tf.newaxis] * projected)
-    result = v + tf.matmul(gc, tf.cast(coefficients, v.dtype), transpose_a=True)
+    result = v + gc.rmatvec(tf.cast(coefficients, v.dtype))
     result = tf.where(finite, result, tf.constant(float("nan"), v.dtype))
     n, d = _operands.matrix_shape(operands.gc)
     return result, tf.cast(tf.math.ceil(gram_matvec_equivalents(n, d)), tf.int32)
@@ -95,7 +97,8 @@ def expm_action_gram(gc: Any, v: Any, tau: Any) -> tuple[tf.Tensor, tf.Tensor]:
     result is accurate to single precision only (the Taylor method keeps full precision).
 
     Args:
-        gc: `[n, D]` float32/float64 matrix (centered per-example gradients).
+        gc: `[n, D]` float32/float64 matrix (centered per-example gradients), or a
+            `keras_thermo.linalg.operators.CenteredRows` operator (products and Gram matrix only).
         v: `[D]` vector or `[D, k]` block of the same dtype.
         tau: scalar >= 0 (Python number or tensor).
 

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from keras_thermo.linalg import _operands
+from keras_thermo.linalg import _operands, operators
 
 #: Unit roundoff of IEEE double precision, the default tolerance for float64.
 DOUBLE_TOLERANCE = 2.0**-53
@@ -233,7 +233,7 @@ def plan_taylor(tau: tf.Tensor, rho_bound: tf.Tensor, thetas: tuple[float, ...])
 
 @tf.function(autograph=False)
 def _scaled_taylor_steps(
-    gc: tf.Tensor,
+    gc: operators.CenteredRows,
     v: tf.Tensor,
     tau: tf.Tensor,
     shift: tf.Tensor,
@@ -244,15 +244,16 @@ def _scaled_taylor_steps(
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """Algorithm 3.2 of Al-Mohy & Higham (2011) for `A = S - shift I`; see `expm_action_taylor`.
 
-    Compiled as a graph once per dtype/shape so that eager callers do not run the loops op by
-    op; inside a caller's `tf.function` (with or without XLA) it is inlined.
+    Compiled as a graph once per operator type, dtype and shape (operators pass as nested
+    structures of tensors) so that eager callers do not run the loops op by op; inside a
+    caller's `tf.function` (with or without XLA) it is inlined.
     """
     steps = tf.cast(tf.maximum(scaling, 1), v.dtype)
     step_factor = tf.exp(shift / steps)  # exp(mu / s), applied after every step (no overflow)
 
     def apply_shifted(block: tf.Tensor) -> tf.Tensor:
         # (S - mu I) b = -tau Gc^T (Gc b) - mu b: two products with Gc, no D x D matrix.
-        return -tau * tf.matmul(gc, tf.matmul(gc, block), transpose_a=True) - shift * block
+        return -tau * gc.rmatvec(gc.matvec(block)) - shift * block
 
     def max_abs(block: tf.Tensor) -> tf.Tensor:
         return tf.reduce_max(tf.abs(block))
@@ -337,7 +338,8 @@ def expm_action_taylor(
     `jit_compile=True`.
 
     Args:
-        gc: `[n, D]` float32/float64 matrix (centered per-example gradients).
+        gc: `[n, D]` float32/float64 matrix (centered per-example gradients), or a
+            `keras_thermo.linalg.operators.CenteredRows` operator (products only).
         v: `[D]` vector or `[D, k]` block of the same dtype.
         tau: scalar >= 0 (Python number or tensor).
         tol: backward-error tolerance; None uses the unit roundoff of the dtype (2^-24 or

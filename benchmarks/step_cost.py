@@ -1,0 +1,807 @@
+"""Steady-state cost of one step of every sampler against plain Keras SGD, on the benchmark networks.
+
+For each network (the EMNIST MLP, the Fashion-MNIST LSTM, the CIFAR-10 CNN of Luo et al. (2018),
+and the digits MLP) this builds a plain Keras model with `keras.optimizers.SGD` and one
+`kt.BayesianModel` per sampler configuration, all from the same initial weights, compiled with
+the same loss, `steps_per_execution` and `jit_compile`. Inputs and labels are random arrays of
+the right shapes (no dataset is read): a `tf.data.Dataset` of a few distinct batches, repeated.
+
+Timing. A warm-up `fit` (tracing and compilation) is excluded. Then `--repeats` repetitions each
+time `fit(dataset, epochs=1, steps_per_epoch=--steps)` once per method, in an order rotated every
+repetition, so that load on a shared machine falls on all methods alike. Per method: the median
+per-step time (wall / steps) and the median over repetitions of the ratio method / SGD taken
+within the same repetition. Every run is checked to have completed all its steps (a sampler whose
+NaN guard trips stops `fit` early); the count is recorded.
+
+Breakdown (CCAdL and mCCAdL). The pieces of their step, each timed as a separate warm
+`tf.function` (same `jit_compile`) on the same batch: forward + backward pass (the gradient of the
+batch loss), the per-example gradients `G` (`grads.per_example_gradients`), the covariance
+statistic (CCAdL: `PerExampleGradients(G).diagonal_covariance()`; mCCAdL: `covariance_factor()`),
+and mCCAdL's C step (`mccadl.covariance_step` with the `tau` mCCAdL uses at this step size, N and
+batch size, on the model's current momentum; the method chosen and the matrix-vector products
+are recorded). Each piece is reported in ms and as a fraction of the measured step.
+
+Memory (`--memory`). For each network, one subprocess fits only SGD and one only mCCAdL; each
+reports its peak resident set size (VmHWM, and `ru_maxrss`). Reported next to the size of `G`,
+`n * Nd * 4` bytes.
+
+The issue's targets are written next to the measured values, with met / not met: SGLD, SGHMC,
+SGNHT (both integrators) and TACT-HMC within 1.15x SGD; CCAdL (diag) and mCCAdL within 3x SGD
+on the MLPs and the CNN and 5x on the LSTM; the C step at most 25% of the mCCAdL step.
+
+    python -m benchmarks.step_cost --out runs/step_cost [--networks emnist_mlp cifar10_cnn]
+        [--steps 100] [--repeats 5] [--steps-per-execution 50] [--jit-compile]
+        [--per-example-method auto|vectorized|dense_layers]
+    python -m benchmarks.step_cost --memory --out runs/step_cost
+    python -m benchmarks.step_cost --quick --out runs/step_cost_quick   # seconds; digits only
+
+Outputs in `--out`: `results.json` and `table.md` (timing), or `memory.json` and `memory.md`.
+
+Reference: Luo et al. (2018), "Thermostat-assisted continuously-tempered Hamiltonian Monte
+Carlo for Bayesian learning", NeurIPS, section 5.2 (networks and hyperparameters).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import inspect
+import json
+import math
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import keras_thermo as kt
+from keras_thermo import grads as kt_grads
+from keras_thermo import linalg as kt_linalg
+from keras_thermo import models as kt_models
+from keras_thermo.samplers.mccadl import covariance_step
+
+SGD = "keras_sgd"
+SAMPLER_METHODS = (
+    "sgld", "sghmc", "sgnht", "sgnht_symmetric", "tact_hmc", "ccadl_diag", "mccadl",
+)
+METHODS = (SGD, *SAMPLER_METHODS)
+# The issue's targets, as the largest allowed ratio to SGD's step time.
+CHEAP_SAMPLERS = ("sgld", "sghmc", "sgnht", "sgnht_symmetric", "tact_hmc")
+CHEAP_TARGET = 1.15
+COVARIANCE_SAMPLERS = ("ccadl_diag", "mccadl")
+COVARIANCE_TARGET = {"mlp": 3.0, "cnn": 3.0, "lstm": 5.0}
+C_STEP_TARGET_FRACTION = 0.25
+# Distinct random batches per network; the dataset repeats them.
+DISTINCT_BATCHES = 4
+_CHILD_MARKER = "STEP_COST_MEMORY_JSON "
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """One benchmark network with its data shapes and sampler hyperparameters.
+
+    `step_size` (h) and `friction` (A) follow the project's task configs: for the paper's
+    networks `h = sqrt(eta / N)` and `A = c / h` from TACT-HMC's reported learning rate `eta`
+    and noise `c` (so every sampler takes the same per-step learning rate `h^2 N`).
+    """
+
+    name: str
+    build: Callable[[], keras.Model]
+    input_shape: tuple[int, ...]
+    num_classes: int
+    batch_size: int
+    num_examples: int
+    step_size: float
+    friction: float
+    kind: str  # "mlp", "lstm" or "cnn": selects the covariance samplers' target
+    # Steps per timed fit: enough that the fixed cost of a `fit` call (~15-20 ms on 2 CPU cores:
+    # data adapter, iterator, callbacks) stays a few percent of the SGD run.
+    timed_steps: int = 100
+
+    def make_sampler(self, method: str, expm: str = "auto"):
+        """The sampler of `method` with this network's hyperparameters."""
+        h, friction = self.step_size, self.friction
+        if method == "sgld":
+            return kt.samplers.SGLD(h * h)
+        if method == "sghmc":
+            return kt.samplers.SGHMC(h, friction)
+        if method == "sgnht":
+            return kt.samplers.SGNHT(h, friction)
+        if method == "sgnht_symmetric":
+            return kt.samplers.SGNHT(h, friction, integrator="symmetric")
+        if method == "tact_hmc":
+            # eta = h^2 and c = A h (the conversions of keras_thermo/samplers/tact_hmc.py).
+            return kt.samplers.TACTHMC(h * h, h * h, noise=friction * h, xi_noise=friction * h)
+        if method == "ccadl_diag":
+            return kt.samplers.CCAdL(h, friction, covariance="diag")
+        if method == "mccadl":
+            return kt.samplers.MCCAdL(h, friction, expm=expm)
+        raise ValueError(f"`method` must be one of {list(SAMPLER_METHODS)}, got {method!r}.")
+
+    def c_step_tau(self, temperature: float = 1.0, mass: float = 1.0) -> float:
+        """mCCAdL's `tau = h (h/2) beta N^2 / (M n (n - 1))` for one full batch."""
+        n = float(self.batch_size)
+        h = self.step_size
+        return h * (0.5 * h) / temperature * self.num_examples**2 / (mass * n * (n - 1.0))
+
+
+def _paper_network(name, build, input_shape, num_classes, batch_size, num_examples, eta, noise, kind,
+                   timed_steps):
+    step_size = math.sqrt(eta / num_examples)
+    return Network(name, build, input_shape, num_classes, batch_size, num_examples,
+                   step_size, noise / step_size, kind, timed_steps)
+
+
+NETWORKS: dict[str, Network] = {
+    network.name: network
+    for network in (
+        # Luo et al. (2018), sec. 5.2: (eta, c) = (0.0015, 0.05), (0.0012, 0.15), (0.0010, 0.10).
+        _paper_network("emnist_mlp", kt_models.emnist_mlp, (784,), 47, 128, 112_800, 0.0015, 0.05, "mlp",
+                       timed_steps=200),
+        _paper_network("fashion_mnist_lstm", kt_models.fashion_mnist_lstm, (28, 28), 10, 64, 60_000,
+                       0.0012, 0.15, "lstm", timed_steps=100),
+        _paper_network("cifar10_cnn", kt_models.cifar10_cnn, (32, 32, 3), 10, 64, 50_000, 0.0010, 0.10, "cnn",
+                       timed_steps=100),
+        # configs/digits.yaml: mCCAdL's tuned h = 5e-3, A = 10 on N = 1346. Its SGD step takes
+        # well under a millisecond, hence the longer timed fits.
+        Network("digits_mlp", kt_models.digits_mlp, (64,), 10, 32, 1346, 5e-3, 10.0, "mlp", timed_steps=1000),
+    )
+}
+
+
+def timed_steps(network: Network, steps: int | None, steps_per_execution: int) -> int:
+    """Steps per timed fit: `steps`, or the network's default rounded up to whole executions.
+
+    Example:
+        >>> timed_steps(NETWORKS["cifar10_cnn"], None, 30)
+        120
+    """
+    if steps is not None:
+        return steps
+    return steps_per_execution * math.ceil(network.timed_steps / steps_per_execution)
+
+
+def _loss() -> keras.losses.Loss:
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def make_dataset(network: Network, seed: int = 0) -> tf.data.Dataset:
+    """`DISTINCT_BATCHES` batches of random inputs and labels of the network's shapes, repeated.
+
+    Example:
+        >>> x, y = next(iter(make_dataset(NETWORKS["digits_mlp"])))
+        >>> x.shape.as_list(), y.shape.as_list()
+        [[32, 64], [32]]
+    """
+    rng = np.random.default_rng(seed)
+    count = DISTINCT_BATCHES * network.batch_size
+    x = rng.normal(size=(count, *network.input_shape)).astype("float32")
+    y = rng.integers(0, network.num_classes, size=count).astype("int32")
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(network.batch_size, drop_remainder=True)
+    return dataset.cache().repeat()
+
+
+def per_example_method_support() -> tuple[bool, Any]:
+    """Whether `BayesianModel` takes `per_example_method`, and that argument's default."""
+    parameters = inspect.signature(kt.BayesianModel.__init__).parameters
+    if "per_example_method" not in parameters:
+        return False, None
+    default = parameters["per_example_method"].default
+    return True, None if default is inspect.Parameter.empty else default
+
+
+def initial_weights(network: Network, seed: int = 0) -> list[np.ndarray]:
+    """The network's initial weights for `seed`, shared by every method's model.
+
+    Seeding once per network matters: `keras.utils.set_random_seed` clears TensorFlow's eager
+    kernel caches, which would make the next run of every model built before it slow again.
+    """
+    keras.utils.set_random_seed(seed)
+    return network.build().get_weights()
+
+
+def make_model(network: Network, method: str, *, steps_per_execution: int, jit_compile: bool,
+               weights: list[np.ndarray], per_example_method: str | None = None) -> keras.Model:
+    """A compiled model for `method` (`"keras_sgd"` or a sampler) starting from `weights`."""
+    net = network.build()
+    net.set_weights(weights)
+    if method == SGD:
+        net.compile(optimizer=keras.optimizers.SGD(network.step_size**2 * network.num_examples),
+                    loss=_loss(), steps_per_execution=steps_per_execution, jit_compile=jit_compile)
+        return net
+    sampler = network.make_sampler(method)
+    extra = {}
+    if per_example_method is not None and sampler.needs_per_example_gradients:
+        extra["per_example_method"] = per_example_method
+    model = kt.BayesianModel(net, sampler, num_examples=network.num_examples,
+                             prior=kt.priors.Gaussian(1.0), seed=0, **extra)
+    model.compile(loss=_loss(), steps_per_execution=steps_per_execution, jit_compile=jit_compile)
+    return model
+
+
+def steps_taken(model: keras.Model) -> int:
+    """Sampler steps (BayesianModel) or optimizer iterations (plain Keras) taken so far."""
+    if isinstance(model, kt.BayesianModel):
+        return model.sampler_step if model.built else 0
+    return int(model.optimizer.iterations.numpy()) if model.optimizer.built else 0
+
+
+class _LoopClock(keras.callbacks.Callback):
+    """Time from the start of the first execution to the end of the epoch (the training loop
+    without `fit`'s set-up and tear-down).
+
+    Marked `async_safe` and without a batch-end hook, so it leaves Keras' dispatch of batch-end
+    callbacks as it would be without it.
+    """
+
+    async_safe = True
+
+    def __init__(self):
+        super().__init__()
+        self.start: float | None = None
+        self.end: float | None = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.start is None:
+            self.start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.end = time.perf_counter()
+
+
+def timed_fit(model: keras.Model, dataset: tf.data.Dataset, steps: int) -> dict:
+    """Times one `fit` of `steps` steps.
+
+    Returns the wall time of the `fit` call, the time of its training loop alone, the steps
+    completed and the divergence message if the sampler's NaN guard stopped the run.
+    """
+    before = steps_taken(model)
+    diverged = None
+    clock = _LoopClock()
+    # A garbage-collection pass over the many objects of several compiled models can take tens
+    # of ms; collect now and keep the collector out of the timed region.
+    gc.collect()
+    gc.disable()
+    start = time.perf_counter()
+    try:
+        model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[clock])
+    except kt.SamplerDivergedError as error:
+        diverged = str(error)
+    finally:
+        seconds = time.perf_counter() - start
+        gc.enable()
+    loop = None if clock.start is None or clock.end is None else clock.end - clock.start
+    return {"seconds": seconds, "loop_seconds": loop, "steps_completed": steps_taken(model) - before,
+            "diverged": diverged}
+
+
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(np.median(values)) if values else None
+
+
+def time_methods(network: Network, methods, *, steps: int, repeats: int, steps_per_execution: int,
+                 jit_compile: bool, per_example_method: str | None) -> tuple[dict, dict]:
+    """Warm-up, then interleaved timed fits; returns (per-method results, the models)."""
+    dataset = make_dataset(network)
+    weights = initial_weights(network)
+    models, results = {}, {}
+    for method in methods:
+        results[method] = {"per_step_seconds": [], "ratio_to_sgd": [], "loop_per_step_seconds": [],
+                           "loop_ratio_to_sgd": [], "steps_completed": [], "error": None}
+        try:
+            models[method] = make_model(network, method, steps_per_execution=steps_per_execution,
+                                        jit_compile=jit_compile, weights=weights,
+                                        per_example_method=per_example_method)
+        except Exception as error:  # noqa: BLE001 (recorded: one method failing must not end the run)
+            results[method]["error"] = f"{type(error).__name__}: {error}"
+    for method in list(models):
+        start = time.perf_counter()
+        # Tracing and compilation, then a second run for the first-execution costs (allocations,
+        # kernel caches), outside the timed region.
+        try:
+            for _ in range(2):
+                warm = timed_fit(models[method], dataset, min(steps, 2 * steps_per_execution))
+                if warm["diverged"]:
+                    raise kt.SamplerDivergedError(warm["diverged"])
+        except Exception as error:  # noqa: BLE001 (as above)
+            results[method]["error"] = f"{type(error).__name__}: {error}"
+            del models[method]
+        results[method]["warmup_seconds"] = time.perf_counter() - start
+    for method, entry in results.items():
+        if entry["error"]:
+            print(f"  {network.name} {method}: {entry['error'].splitlines()[0]}", flush=True)
+    timed = [m for m in methods if m in models]
+    for repeat in range(repeats):
+        shift = repeat % len(timed)
+        order = timed[shift:] + timed[:shift]  # rotated, so no method always runs first
+        this_repeat, this_repeat_loop = {}, {}
+        for method in order:
+            run = timed_fit(models[method], dataset, steps)
+            entry = results[method]
+            entry["steps_completed"].append(run["steps_completed"])
+            if run["diverged"] and entry["error"] is None:
+                entry["error"] = f"SamplerDivergedError: {run['diverged']}"
+            # Only complete runs count: a run stopped by the NaN guard did less work.
+            if run["steps_completed"] == steps:
+                this_repeat[method] = run["seconds"] / steps
+                if run["loop_seconds"] is not None:
+                    this_repeat_loop[method] = run["loop_seconds"] / steps
+        for method in timed:
+            for per_step_key, ratio_key, measured in (
+                ("per_step_seconds", "ratio_to_sgd", this_repeat),
+                ("loop_per_step_seconds", "loop_ratio_to_sgd", this_repeat_loop),
+            ):
+                per_step, sgd = measured.get(method), measured.get(SGD)
+                results[method][per_step_key].append(per_step)
+                results[method][ratio_key].append(
+                    per_step / sgd if per_step is not None and sgd is not None else None
+                )
+    for method, entry in results.items():
+        entry["all_steps_completed"] = bool(entry["steps_completed"]) and all(
+            count == steps for count in entry["steps_completed"]
+        )
+        for per_step_key, ratio_key, prefix in (
+            ("per_step_seconds", "ratio_to_sgd", "median"), ("loop_per_step_seconds", "loop_ratio_to_sgd", "loop_median"),
+        ):
+            seconds = _median(entry[per_step_key])
+            entry[f"{prefix}_ms_per_step"] = None if seconds is None else 1e3 * seconds
+            entry[f"{prefix}_ratio_to_sgd"] = _median(entry[ratio_key])
+    return results, models
+
+
+# --- breakdown of the covariance samplers' step ------------------------------------------------
+
+
+def _forced(fn: Callable, jit_compile: bool) -> Callable:
+    """`fn` as a `tf.function` returning its results and a scalar that depends on all of them.
+
+    Returned tensors are always computed; reading the scalar (`.numpy()`) waits for them, also
+    on an accelerator, at the cost of one element per result.
+    """
+
+    def run(*args):
+        results = fn(*args)
+        leaves = tf.nest.flatten(results)
+        done = tf.add_n([tf.cast(tf.reshape(leaf, [-1])[0], tf.float32) for leaf in leaves])
+        return results, done
+
+    return tf.function(run, jit_compile=jit_compile)
+
+
+def time_pieces(pieces: dict[str, tuple[Callable, tuple]], calls: int) -> dict[str, float]:
+    """Median ms per call of each warm piece, with the pieces interleaved over `calls` rounds."""
+    for fn, args in pieces.values():
+        fn(*args)[1].numpy()  # trace, compile and warm up
+    seconds = {name: [] for name in pieces}
+    gc.collect()
+    gc.disable()  # as in `timed_fit`
+    try:
+        for _ in range(calls):
+            for name, (fn, args) in pieces.items():
+                start = time.perf_counter()
+                fn(*args)[1].numpy()
+                seconds[name].append(time.perf_counter() - start)
+    finally:
+        gc.enable()
+    return {name: 1e3 * float(np.median(values)) for name, values in seconds.items()}
+
+
+def covariance_breakdown(network: Network, mccadl_model: kt.BayesianModel, *, jit_compile: bool,
+                         calls: int) -> dict:
+    """Times the pieces of the CCAdL and mCCAdL steps on the first batch of the dataset.
+
+    The C step acts on the model's current momentum with the `tau` of a full batch.
+    """
+    x, y = next(iter(make_dataset(network)))
+    net, loss_fn = mccadl_model.net, _loss()
+    variables = net.trainable_variables
+    rows = kt_grads.per_example_gradients(net, loss_fn, x, y)
+    centered = kt_grads.PerExampleGradients(rows).covariance_factor()
+    momentum = list(mccadl_model.sampler_state().momentum)
+    tau = network.c_step_tau(temperature=mccadl_model.temperature, mass=mccadl_model.sampler.mass)
+    expm = mccadl_model.sampler.expm
+
+    def forward_backward(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, net(x, training=True))
+        return tape.gradient(loss, variables)
+
+    pieces = {
+        # The cost of calling a tf.function at all (argument passing, dispatch, the `done`
+        # scalar), subtracted from the pieces below: inside the train step there is no such call.
+        "call_overhead": (_forced(lambda x, y: x[0], jit_compile), (x, y)),
+        "forward_backward": (_forced(forward_backward, jit_compile), (x, y)),
+        "per_example_gradients": (
+            _forced(lambda x, y: kt_grads.per_example_gradients(net, loss_fn, x, y), jit_compile), (x, y)),
+        "diagonal_covariance": (
+            _forced(lambda g: kt_grads.PerExampleGradients(g).diagonal_covariance(), jit_compile), (rows,)),
+        "covariance_factor": (
+            _forced(lambda g: kt_grads.PerExampleGradients(g).covariance_factor(), jit_compile), (rows,)),
+        "c_step": (
+            _forced(lambda p, gc: covariance_step(p, gc, tau, expm), jit_compile), (momentum, centered)),
+    }
+    raw_ms = time_pieces(pieces, calls)
+    overhead_ms = raw_ms.pop("call_overhead")
+    (_, matvecs, code), _ = pieces["c_step"][0](momentum, centered)
+    method_names = {kt_linalg.TAYLOR: "taylor", kt_linalg.GRAM: "gram"}
+    return {
+        "pieces_ms": {piece: max(ms - overhead_ms, 0.0) for piece, ms in raw_ms.items()},
+        "pieces_raw_ms": raw_ms,
+        "call_overhead_ms": overhead_ms,
+        "num_params": int(rows.shape[1]),
+        "batch_size": int(rows.shape[0]),
+        "tau": tau,
+        "tau_frobenius_norm_sq": float(tau * tf.reduce_sum(tf.square(centered))),
+        "c_step_expm": expm,
+        "c_step_method": method_names[int(code)],
+        "c_step_matvecs": int(matvecs),
+        "calls": calls,
+    }
+
+
+# --- targets and tables ------------------------------------------------------------------------
+
+
+def ratio_target(network: Network, method: str) -> float | None:
+    """The issue's largest allowed ratio to SGD for `method` on `network` (None: no target)."""
+    if method in CHEAP_SAMPLERS:
+        return CHEAP_TARGET
+    if method in COVARIANCE_SAMPLERS:
+        return COVARIANCE_TARGET[network.kind]
+    return None
+
+
+def evaluate_targets(network: Network, timing: dict, breakdown: dict | None) -> list[dict]:
+    """One row per target: what was measured, the bound, and whether it is met."""
+    rows = []
+    for method in SAMPLER_METHODS:
+        if method not in timing:
+            continue
+        bound = ratio_target(network, method)
+        measured = timing[method]["median_ratio_to_sgd"]
+        rows.append({
+            "network": network.name, "quantity": f"{method} / {SGD} step time", "target": f"<= {bound}",
+            "measured": measured, "met": None if measured is None else bool(measured <= bound),
+        })
+    if breakdown is not None:
+        fraction = breakdown["fraction_of_mccadl_step"].get("c_step")
+        rows.append({
+            "network": network.name, "quantity": "C step / mCCAdL step",
+            "target": f"<= {C_STEP_TARGET_FRACTION}", "measured": fraction,
+            "met": None if fraction is None else bool(fraction <= C_STEP_TARGET_FRACTION),
+        })
+    return rows
+
+
+def _cell(ms: float | None, ratio: float | None, loop_ratio: float | None) -> str:
+    if ms is None:
+        return "failed"
+    if ratio is None:
+        return f"{ms:.3g} ms"
+    loop = "" if loop_ratio is None else f"; loop {loop_ratio:.2f}x"
+    return f"{ms:.3g} ms ({ratio:.2f}x{loop})"
+
+
+def _met(value: bool | None) -> str:
+    return {True: "met", False: "not met", None: "n/a"}[value]
+
+
+def markdown_tables(results: dict) -> str:
+    """The step-time table, the targets and the covariance breakdown, as Markdown."""
+    names = list(results["networks"])
+    settings = results["settings"]
+    steps = ", ".join(f"{name} {results['networks'][name]['timed_steps']}" for name in names)
+    lines = [
+        f"Per-step time (wall time of `fit` / steps), median of {settings['repeats']} repetitions "
+        f"(steps per fit: {steps}; steps_per_execution={settings['steps_per_execution']}, "
+        f"jit_compile={settings['jit_compile']}); in brackets the median ratio to Keras SGD "
+        "within a repetition, and the same ratio for the training loop alone (without fit's "
+        "set-up).",
+        "",
+        "| method | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for method in settings["methods"]:
+        cells = []
+        for name in names:
+            entry = results["networks"][name]["timing"].get(method, {})
+            cell = _cell(entry.get("median_ms_per_step"), entry.get("median_ratio_to_sgd"),
+                         entry.get("loop_median_ratio_to_sgd"))
+            if entry and not entry.get("all_steps_completed", False):
+                cell += " (incomplete)"
+            cells.append(cell)
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    lines += ["", "| network | quantity | target | measured | |", "|---|---|---|---|---|"]
+    for row in results["targets"]:
+        measured = "n/a" if row["measured"] is None else f"{row['measured']:.3g}"
+        lines.append(f"| {row['network']} | {row['quantity']} | {row['target']} | {measured} | "
+                     f"{_met(row['met'])} |")
+    with_breakdown = [n for n in names if results["networks"][n].get("breakdown")]
+    if with_breakdown:
+        lines += ["", "Pieces of the covariance samplers' step (warm tf.functions, same batch, median "
+                  "per call less the cost of an empty call): ms, and in brackets the fraction of "
+                  "the measured mCCAdL step.", "",
+                  "| piece | " + " | ".join(with_breakdown) + " |", "|---|" + "---|" * len(with_breakdown)]
+        pieces = ("forward_backward", "per_example_gradients", "diagonal_covariance",
+                  "covariance_factor", "c_step")
+        for piece in pieces:
+            cells = []
+            for name in with_breakdown:
+                breakdown = results["networks"][name]["breakdown"]
+                fraction = breakdown["fraction_of_mccadl_step"].get(piece)
+                ms = breakdown["pieces_ms"][piece]
+                cells.append(f"{ms:.3g} ({fraction:.0%})" if fraction is not None else f"{ms:.3g}")
+            lines.append(f"| {piece} | " + " | ".join(cells) + " |")
+        cells = [
+            f"{b['c_step_method']}, {b['c_step_matvecs']} matvecs, tau ||Gc||^2 = {b['tau_frobenius_norm_sq']:.3g}"
+            for b in (results["networks"][n]["breakdown"] for n in with_breakdown)
+        ]
+        lines.append("| C step method | " + " | ".join(cells) + " |")
+        steps = [results["networks"][n]["timing"]["mccadl"].get("median_ms_per_step") for n in with_breakdown]
+        lines.append("| mCCAdL step (fit) | " + " | ".join(
+            "failed" if ms is None else f"{ms:.3g}" for ms in steps) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def machine_info() -> dict:
+    """CPU count, library versions, the device TensorFlow computes on, and the load average."""
+    gpus = tf.config.list_physical_devices("GPU")
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": keras.__version__,
+        "device": ", ".join(g.name for g in gpus) if gpus else "CPU",
+        "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and infinities become None, so the file is strict JSON."""
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _write(out: Path, json_name: str, results: dict, table_name: str, table: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / json_name).write_text(json.dumps(_json_safe(results), indent=1))
+    (out / table_name).write_text(table)
+
+
+# --- memory mode -------------------------------------------------------------------------------
+
+
+def peak_memory_mib() -> dict:
+    """This process's peak resident set size: VmHWM (Linux /proc) and `ru_maxrss`, in MiB."""
+    peak = {"ru_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    peak["vm_hwm_mib"] = int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return peak
+
+
+def memory_child(network_name: str, method: str, args: argparse.Namespace) -> None:
+    """Runs one method's warm-up and one timed-length fit, then prints its peak memory."""
+    network = NETWORKS[network_name]
+    model = make_model(network, method, steps_per_execution=args.steps_per_execution,
+                       jit_compile=args.jit_compile, weights=initial_weights(network),
+                       per_example_method=args.per_example_method)
+    dataset = make_dataset(network)
+    timed_fit(model, dataset, args.steps_per_execution)
+    run = timed_fit(model, dataset, args.steps)
+    report = {**peak_memory_mib(), "steps_completed": run["steps_completed"], "diverged": run["diverged"],
+              "num_params": int(model.count_params() if method == SGD else model.num_params)}
+    print(_CHILD_MARKER + json.dumps(report), flush=True)
+
+
+def _child_command(network: str, method: str, args: argparse.Namespace) -> list[str]:
+    steps = timed_steps(NETWORKS[network], args.steps, args.steps_per_execution)
+    command = [sys.executable, "-m", "benchmarks.step_cost", "--memory-child", f"{network}:{method}",
+               "--steps", str(steps), "--steps-per-execution", str(args.steps_per_execution)]
+    if args.jit_compile:
+        command.append("--jit-compile")
+    if args.per_example_method is not None:
+        command += ["--per-example-method", args.per_example_method]
+    return command
+
+
+def run_memory(args: argparse.Namespace, networks: list[str]) -> dict:
+    """Peak RSS of a process fitting only SGD vs only mCCAdL, per network."""
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    per_network = {}
+    for name in networks:
+        network = NETWORKS[name]
+        runs = {}
+        for method in (SGD, "mccadl"):
+            completed = subprocess.run(_child_command(name, method, args), cwd=root, env=env,
+                                       capture_output=True, text=True, check=False)
+            lines = [l for l in completed.stdout.splitlines() if l.startswith(_CHILD_MARKER)]
+            if completed.returncode != 0 or not lines:
+                runs[method] = {"error": f"exit {completed.returncode}: {completed.stderr[-2000:]}"}
+            else:
+                runs[method] = json.loads(lines[-1][len(_CHILD_MARKER):])
+            print(f"  {name} {method}: {runs[method]}", flush=True)
+        num_params = runs["mccadl"].get("num_params") or runs[SGD].get("num_params")
+        g_mib = None if num_params is None else network.batch_size * num_params * 4 / 2**20
+        difference = None
+        if "vm_hwm_mib" in runs[SGD] and "vm_hwm_mib" in runs["mccadl"]:
+            difference = runs["mccadl"]["vm_hwm_mib"] - runs[SGD]["vm_hwm_mib"]
+        per_network[name] = {"runs": runs, "g_size_mib": g_mib, "mccadl_minus_sgd_peak_mib": difference,
+                             "batch_size": network.batch_size, "num_params": num_params}
+    results = {
+        "machine": machine_info(),
+        "settings": {"steps": args.steps, "steps_per_execution": args.steps_per_execution,
+                     "jit_compile": args.jit_compile, "per_example_method": args.per_example_method},
+        "networks": per_network,
+    }
+    lines = ["Peak resident memory (VmHWM) of a process fitting one method; G = n x Nd float32.", "",
+             "| network | SGD peak MiB | mCCAdL peak MiB | mCCAdL - SGD MiB | size of G MiB |",
+             "|---|---|---|---|---|"]
+    for name, entry in per_network.items():
+        def peak(method, entry=entry):
+            value = entry["runs"][method].get("vm_hwm_mib")
+            return "failed" if value is None else f"{value:.0f}"
+        difference = entry["mccadl_minus_sgd_peak_mib"]
+        g_mib = entry["g_size_mib"]
+        lines.append(f"| {name} | {peak(SGD)} | {peak('mccadl')} | "
+                     f"{'n/a' if difference is None else f'{difference:.0f}'} | "
+                     f"{'n/a' if g_mib is None else f'{g_mib:.1f}'} |")
+    table = "\n".join(lines) + "\n"
+    results["machine"]["load_average_at_end"] = list(os.getloadavg())
+    _write(Path(args.out), "memory.json", results, "memory.md", table)
+    print(table)
+    return results
+
+
+# --- entry point -------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="runs/step_cost", help="output folder")
+    parser.add_argument("--networks", nargs="+", choices=sorted(NETWORKS), default=None,
+                        help="default: all four (digits_mlp only with --quick)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="steps per timed fit, a multiple of --steps-per-execution (default: per "
+                             "network, 1000 for digits_mlp, 200 for emnist_mlp, 100 for the others)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repetitions (default 5)")
+    # 50 is what the task configs train with. It amortises the per-execution host work of fit
+    # (callbacks, logs) over enough steps that the device-side step dominates even for the
+    # digits MLP, whose SGD step takes well under a millisecond.
+    parser.add_argument("--steps-per-execution", type=int, default=None, help="default 50")
+    parser.add_argument("--jit-compile", action="store_true",
+                        help="compile every train step and piece with XLA (off by default: on a "
+                             "CPU XLA made the per-example gradients slower)")
+    parser.add_argument("--per-example-method", choices=("auto", "vectorized", "dense_layers"), default=None,
+                        help="passed to BayesianModel(per_example_method=...) when it has that argument; "
+                             "default: BayesianModel's default")
+    parser.add_argument("--breakdown-calls", type=int, default=None,
+                        help="timed calls per breakdown piece (default 20)")
+    parser.add_argument("--memory", action="store_true",
+                        help="measure peak memory (one subprocess per network and method) instead of time")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: digits MLP, steps_per_execution 5, 10 steps, 2 repeats")
+    parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    quick = {"steps": 10, "repeats": 2, "steps_per_execution": 5, "breakdown_calls": 3}
+    full = {"repeats": 5, "steps_per_execution": 50, "breakdown_calls": 20}
+    for key, value in (quick if args.quick else full).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.networks is None:
+        args.networks = ["digits_mlp"] if args.quick else list(NETWORKS)
+    for key in ("steps", "repeats", "steps_per_execution", "breakdown_calls"):
+        if getattr(args, key) is not None and getattr(args, key) < 1:
+            raise ValueError(f"`--{key.replace('_', '-')}` must be a positive integer, got {getattr(args, key)}.")
+    if args.steps is not None and args.steps % args.steps_per_execution:
+        raise ValueError(
+            f"`--steps` must be a multiple of --steps-per-execution ({args.steps_per_execution}) so "
+            f"that every timed fit runs whole executions, got {args.steps}."
+        )
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Runs the benchmark and writes the JSON and Markdown outputs; returns the results.
+
+    Example:
+        >>> results = main(["--quick", "--out", "/tmp/step_cost_quick"])  # doctest: +SKIP
+        >>> results["networks"]["digits_mlp"]["timing"]["mccadl"]["median_ratio_to_sgd"]  # doctest: +SKIP
+        7.5
+    """
+    args = parse_args(argv)
+    if args.memory_child is not None:
+        network_name, method = args.memory_child.split(":")
+        memory_child(network_name, method, args)
+        return {}
+    supported, default_method = per_example_method_support()
+    if args.per_example_method is not None and not supported:
+        print("BayesianModel has no `per_example_method` argument: --per-example-method ignored.")
+        args.per_example_method = None
+    if args.memory:
+        return run_memory(args, args.networks)
+    per_example = {
+        "requested": args.per_example_method,
+        "supported_by_bayesian_model": supported,
+        "used": args.per_example_method if args.per_example_method is not None else (
+            default_method if supported else "vectorized (tf.vectorized_map; no per_example_method argument)"
+        ),
+        "breakdown_path": "keras_thermo.grads.per_example_gradients",
+    }
+    results = {
+        "machine": machine_info(),
+        "settings": {
+            "steps": args.steps, "repeats": args.repeats, "steps_per_execution": args.steps_per_execution,
+            "jit_compile": args.jit_compile, "quick": args.quick, "methods": list(METHODS),
+            "distinct_batches": DISTINCT_BATCHES, "breakdown_calls": args.breakdown_calls,
+            "per_example_method": per_example, "prior": "Gaussian(1.0)", "temperature": 1.0,
+        },
+        "targets_definition": {
+            "cheap_samplers": {"methods": list(CHEAP_SAMPLERS), "max_ratio_to_sgd": CHEAP_TARGET},
+            "covariance_samplers": {"methods": list(COVARIANCE_SAMPLERS), "max_ratio_to_sgd": COVARIANCE_TARGET},
+            "c_step_max_fraction_of_mccadl_step": C_STEP_TARGET_FRACTION,
+        },
+        "networks": {},
+        "targets": [],
+    }
+    for name in args.networks:
+        network = NETWORKS[name]
+        print(f"{name}: timing {len(METHODS)} methods", flush=True)
+        steps = timed_steps(network, args.steps, args.steps_per_execution)
+        timing, models = time_methods(
+            network, list(METHODS), steps=steps, repeats=args.repeats,
+            steps_per_execution=args.steps_per_execution, jit_compile=args.jit_compile,
+            per_example_method=args.per_example_method,
+        )
+        entry = {
+            "timed_steps": steps, "batch_size": network.batch_size, "num_examples": network.num_examples,
+            "step_size": network.step_size, "friction": network.friction, "kind": network.kind,
+            "num_params": int(models[SGD].count_params()) if SGD in models else None,
+            "timing": timing, "breakdown": None,
+        }
+        if "mccadl" in models:
+            print(f"{name}: breakdown", flush=True)
+            breakdown = covariance_breakdown(network, models["mccadl"], jit_compile=args.jit_compile,
+                                             calls=args.breakdown_calls)
+            for method, key in (("mccadl", "fraction_of_mccadl_step"), ("ccadl_diag", "fraction_of_ccadl_step")):
+                step_ms = timing[method]["median_ms_per_step"] if method in models else None
+                breakdown[key] = {
+                    piece: (ms / step_ms if step_ms else None) for piece, ms in breakdown["pieces_ms"].items()
+                }
+            entry["breakdown"] = breakdown
+        results["networks"][name] = entry
+        results["targets"] += evaluate_targets(network, timing, entry["breakdown"])
+        del models
+        keras.backend.clear_session()  # free this network's graphs before the next
+    results["machine"]["load_average_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    table = markdown_tables(results)
+    _write(Path(args.out), "results.json", results, "table.md", table)
+    print(table)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Every sampler under `tf.distribute.MirroredStrategy` on two logical CPU devices.
+
+A run with global batch B on two replicas (B/2 examples each) must equal the single-device run
+with batch B and the same seed: the force and potential are all-reduced sums, the per-example
+statistics are those of the global batch, and the noise is keyed by (seed, step). The two runs
+differ only in the order of float32 sums (a batch mean over B versus two means over B/2 and an
+all-reduce), a relative difference of a few ulp (~1e-7) per step; over the 200 steps below the
+chains carry it to ~1e-6 (mCCAdL, CCAdL) to ~7e-6 (SGHMC) in the weights, which are O(1), and
+~1e-5 in TACT-HMC's ABF table, whose entries are O(100); so variables and per-step logs are
+compared with `rtol = 1e-4, atol = 1e-5`. A run with another seed is ~1e-2 away (checked), so the comparison
+can fail. Replicas must hold bit-identical copies of every variable after every execution: they
+apply the same operations to the same reduced inputs.
+
+`tests/conftest.py` splits the CPU into two logical devices before TensorFlow starts.
+"""
+
+import functools
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_thermo as kt
+
+N = 128
+GLOBAL_BATCH = 16
+STEPS = 200  # one epoch over the data repeated: a new epoch costs a distributed iterator
+STEPS_PER_EXECUTION = 1  # Keras 3 cannot run steps_per_execution > 1 under MirroredStrategy
+RTOL, ATOL = 1e-4, 1e-5
+
+SAMPLER_CONFIGS = {
+    "sgld": lambda: kt.samplers.SGLD(kt.schedules.PolynomialDecay(1e-4, 1.0, 0.55)),
+    "sghmc": lambda: kt.samplers.SGHMC(3e-3, friction=2.0),
+    "sgnht": lambda: kt.samplers.SGNHT(3e-3),
+    "sgnht-symmetric": lambda: kt.samplers.SGNHT(3e-3, integrator="symmetric"),
+    "ccadl-diag": lambda: kt.samplers.CCAdL(1e-3, covariance="diag"),
+    "ccadl-full": lambda: kt.samplers.CCAdL(1e-3, covariance="full"),
+    "mccadl-taylor": lambda: kt.samplers.MCCAdL(3e-3, expm="taylor"),
+    "mccadl-gram": lambda: kt.samplers.MCCAdL(3e-3, expm="gram"),
+    "tact-hmc": lambda: kt.samplers.TACTHMC(1e-3, sample_every=2, num_bins=10),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_strategy():
+    # One strategy for the whole session: strategies created one after another in a process
+    # can pick the same collective keys, and a later run then mismatches an earlier's.
+    devices = [device.name for device in tf.config.list_logical_devices("CPU")][:2]
+    return tf.distribute.MirroredStrategy(devices) if len(devices) == 2 else None
+
+
+def _strategy():
+    strategy = _shared_strategy()
+    if strategy is None:
+        pytest.skip("needs the two logical CPU devices set up by tests/conftest.py")
+    return strategy
+
+
+def _arrays():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(N, 3)).astype("float32")
+    y = (x @ np.array([[1.0], [-2.0], [0.5]]) + 0.3 * rng.normal(size=(N, 1))).astype("float32")
+    return x, y
+
+
+def _model(make_sampler, seed=11):
+    keras.utils.set_random_seed(1)
+    net = keras.Sequential(
+        [keras.Input((3,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)]
+    )
+    model = kt.BayesianModel(
+        net, make_sampler(), num_examples=N, prior=kt.priors.Gaussian(1.0), seed=seed
+    )
+    model.compile(loss="mse", steps_per_execution=STEPS_PER_EXECUTION)
+    return model
+
+
+class _StepLogs(keras.callbacks.Callback):
+    """Every step's logs (potential, temperature, thermostat...), to compare trajectories."""
+
+    def __init__(self):
+        super().__init__()
+        self.logs = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.logs.append(dict(logs))
+
+    def series(self, key):
+        return np.array([entry[key] for entry in self.logs], dtype=np.float64)
+
+
+class _ReplicasAgree(keras.callbacks.Callback):
+    """Every `every` steps, each variable's replica copies must be bit-identical."""
+
+    def __init__(self, strategy, every=10):
+        super().__init__()
+        self.strategy = strategy
+        self.every = every
+        self.checks = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (batch + 1) % self.every:
+            return
+        for variable in self.model.variables:
+            copies = self.strategy.experimental_local_results(getattr(variable, "value", variable))
+            for copy in copies[1:]:
+                np.testing.assert_array_equal(
+                    copy.numpy(), copies[0].numpy(), err_msg=f"replicas differ in {variable.path}"
+                )
+        self.checks += 1
+
+
+def _dataset(x, y):
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH).repeat(
+        STEPS * GLOBAL_BATCH // N
+    )
+
+
+def _fit(model, callbacks=()):
+    steps = _StepLogs()
+    model.fit(_dataset(*_arrays()), epochs=1, verbose=0, callbacks=[steps, *callbacks])
+    return steps
+
+
+def _distributed_model(strategy, make_sampler, seed=11):
+    with strategy.scope():
+        return _model(make_sampler, seed)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLER_CONFIGS))
+def test_mirrored_run_equals_single_device_run(name):
+    strategy = _strategy()
+    make_sampler = SAMPLER_CONFIGS[name]
+    single = _model(make_sampler)
+    single_history = _fit(single)
+
+    distributed = _distributed_model(strategy, make_sampler)
+    agree = _ReplicasAgree(strategy)
+    distributed_history = _fit(distributed, [agree])
+
+    assert agree.checks == STEPS // agree.every
+    assert distributed.sampler_step == single.sampler_step == STEPS
+    for a, b in zip(single.variables, distributed.variables):
+        np.testing.assert_allclose(
+            np.asarray(b.numpy()), np.asarray(a.numpy()), rtol=RTOL, atol=ATOL, err_msg=b.path
+        )
+    assert set(distributed_history.logs[0]) == set(single_history.logs[0])
+    for key in single_history.logs[0]:
+        np.testing.assert_allclose(
+            distributed_history.series(key), single_history.series(key), rtol=RTOL, atol=ATOL,
+            err_msg=key,
+        )
+
+
+def test_another_seed_is_far_outside_the_tolerance():
+    """The negative control of the comparison above: a different noise seed moves the chain."""
+    make_sampler = SAMPLER_CONFIGS["sghmc"]
+    first, second = _model(make_sampler, seed=11), _model(make_sampler, seed=12)
+    _fit(first)
+    _fit(second)
+    gaps = [np.max(np.abs(a.numpy() - b.numpy())) for a, b in zip(first.trainable_variables, second.trainable_variables)]
+    assert max(gaps) > 100 * ATOL
+
+
+def test_recording_callbacks_match_single_device():
+    strategy = _strategy()
+    make_sampler = SAMPLER_CONFIGS["sghmc"]
+    x, y = _arrays()
+    labels = (y[:, 0] > 0).astype("int32")
+
+    def run(model):
+        # A classifier head on the same features, so PosteriorAverage has labels to score.
+        collector = kt.callbacks.SampleCollector(burn_in_steps=40, every_n_steps=10)
+        average = kt.callbacks.PosteriorAverage((x[:32], labels[:32]), burn_in_steps=40, every_n_steps=10)
+        model.fit(_dataset(x, labels), epochs=1, verbose=0, callbacks=[collector, average])
+        return collector, average
+
+    def classifier():
+        keras.utils.set_random_seed(1)
+        net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model = kt.BayesianModel(net, make_sampler(), num_examples=N, prior=kt.priors.Gaussian(1.0), seed=5)
+        model.compile(
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            steps_per_execution=STEPS_PER_EXECUTION,
+        )
+        return model
+
+    single_collector, single_average = run(classifier())
+    with strategy.scope():
+        distributed_model = classifier()
+    collector, average = run(distributed_model)
+
+    expected_steps = np.arange(50, STEPS + 1, 10)
+    np.testing.assert_array_equal(single_collector.steps, expected_steps)
+    np.testing.assert_array_equal(collector.steps, expected_steps)
+    np.testing.assert_allclose(collector.samples, single_collector.samples, rtol=RTOL, atol=ATOL)
+    assert average.num_samples == single_average.num_samples == len(expected_steps)
+    np.testing.assert_allclose(average.predictions, single_average.predictions, rtol=RTOL, atol=ATOL)
+
+
+def test_divergence_under_a_strategy_keeps_the_last_finite_state():
+    strategy = _strategy()
+    x, y = _arrays()
+    with strategy.scope():
+        model = _model(lambda: kt.samplers.SGHMC(1.0, friction=0.1))
+    with pytest.raises(kt.SamplerDivergedError):
+        model.fit(_dataset(100 * x, 100 * y), epochs=1, verbose=0)
+    for variable in model.variables:
+        for copy in strategy.experimental_local_results(getattr(variable, "value", variable)):
+            if copy.dtype.is_floating:
+                assert np.all(np.isfinite(copy.numpy())), variable.path

@@ -1,0 +1,126 @@
+"""Smoke test of `benchmarks.step_cost`: the quick mode runs and writes complete, strict JSON.
+
+No timing is asserted (the machine is shared); only that every number exists, is positive and
+finite, and that the derived fields (ratios, targets, the C step's tau) follow from the measured
+ones.
+"""
+
+import json
+import math
+
+import pytest
+
+from benchmarks import step_cost
+
+SAMPLERS = ["sgld", "sghmc", "sgnht", "sgnht_symmetric", "tact_hmc", "ccadl_diag", "mccadl"]
+PIECES = ["forward_backward", "per_example_gradients", "diagonal_covariance", "covariance_factor", "c_step"]
+
+
+def _strict_json(path):
+    def reject(constant):
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle, parse_constant=reject)
+
+
+def _positive_finite(value):
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("step_cost")
+    returned = step_cost.main(["--quick", "--out", str(out)])
+    return out, returned
+
+
+def test_quick_mode_times_every_method(quick_run):
+    out, returned = quick_run
+    results = _strict_json(out / "results.json")
+    assert list(results["networks"]) == ["digits_mlp"]
+    settings = results["settings"]
+    assert settings["methods"] == ["keras_sgd", *SAMPLERS]
+    assert (settings["steps_per_execution"], settings["repeats"], settings["jit_compile"]) == (5, 2, False)
+    assert results["machine"]["cpu_count"] >= 1 and results["machine"]["tensorflow"]
+    digits = results["networks"]["digits_mlp"]
+    assert digits["timed_steps"] == 10
+    for method in settings["methods"]:
+        entry = digits["timing"][method]
+        assert entry["error"] is None, (method, entry["error"])
+        # Every repetition ran all its steps (no NaN-guard stop).
+        assert entry["steps_completed"] == [10, 10] and entry["all_steps_completed"]
+        for key in ("median_ms_per_step", "median_ratio_to_sgd", "loop_median_ms_per_step",
+                    "loop_median_ratio_to_sgd"):
+            assert _positive_finite(entry[key]), (method, key, entry[key])
+        assert len(entry["per_step_seconds"]) == len(entry["ratio_to_sgd"]) == 2
+        # Each ratio pairs the method with SGD of the same repetition.
+        sgd = digits["timing"]["keras_sgd"]["per_step_seconds"]
+        for seconds, sgd_seconds, ratio in zip(entry["per_step_seconds"], sgd, entry["ratio_to_sgd"]):
+            assert ratio == pytest.approx(seconds / sgd_seconds, rel=1e-12)
+    assert digits["timing"]["keras_sgd"]["ratio_to_sgd"] == [1.0, 1.0]
+    assert returned["networks"]["digits_mlp"]["timing"]["mccadl"]["median_ms_per_step"] == pytest.approx(
+        digits["timing"]["mccadl"]["median_ms_per_step"])
+
+
+def test_quick_mode_breakdown_and_targets(quick_run):
+    out, _ = quick_run
+    results = _strict_json(out / "results.json")
+    digits = results["networks"]["digits_mlp"]
+    breakdown = digits["breakdown"]
+    for piece in PIECES:
+        assert breakdown["pieces_ms"][piece] >= 0 and math.isfinite(breakdown["pieces_ms"][piece])
+        assert _positive_finite(breakdown["pieces_raw_ms"][piece])
+        mccadl_ms = digits["timing"]["mccadl"]["median_ms_per_step"]
+        assert breakdown["fraction_of_mccadl_step"][piece] == pytest.approx(
+            breakdown["pieces_ms"][piece] / mccadl_ms)
+    # digits_mlp(50) has 64*50 + 50 + 50*10 + 10 = 3760 weights; batch 32.
+    assert (breakdown["num_params"], breakdown["batch_size"]) == (3760, 32)
+    # tau = h (h/2) N^2 / (n (n-1)) with h = 5e-3, N = 1346, n = 32 (T = M = 1), by hand.
+    assert breakdown["tau"] == pytest.approx(5e-3 * 2.5e-3 * 1346**2 / (32 * 31), rel=1e-12)
+    assert breakdown["c_step_method"] in ("taylor", "gram") and breakdown["c_step_matvecs"] >= 1
+
+    targets = {row["quantity"]: row for row in results["targets"]}
+    assert len(targets) == len(SAMPLERS) + 1
+    for method in SAMPLERS:
+        row = targets[f"{method} / keras_sgd step time"]
+        bound = 1.15 if method not in ("ccadl_diag", "mccadl") else 3.0  # digits is an MLP
+        assert row["target"] == f"<= {bound}"
+        assert row["measured"] == digits["timing"][method]["median_ratio_to_sgd"]
+        assert row["met"] == (row["measured"] <= bound)
+    c_row = targets["C step / mCCAdL step"]
+    assert c_row["measured"] == breakdown["fraction_of_mccadl_step"]["c_step"]
+    assert c_row["met"] == (c_row["measured"] <= 0.25)
+
+    table = (out / "table.md").read_text()
+    for method in ["keras_sgd", *SAMPLERS]:
+        assert f"| {method} |" in table
+    assert "| c_step |" in table
+
+
+def test_timed_steps_round_up_to_whole_executions():
+    assert step_cost.timed_steps(step_cost.NETWORKS["emnist_mlp"], None, 50) == 200
+    assert step_cost.timed_steps(step_cost.NETWORKS["cifar10_cnn"], None, 30) == 120
+    assert step_cost.timed_steps(step_cost.NETWORKS["cifar10_cnn"], 60, 30) == 60
+
+
+def test_steps_must_be_whole_executions():
+    with pytest.raises(ValueError, match="--steps.*multiple of --steps-per-execution"):
+        step_cost.parse_args(["--steps", "25", "--steps-per-execution", "10"])
+    with pytest.raises(ValueError, match="--repeats"):
+        step_cost.parse_args(["--repeats", "0"])
+
+
+@pytest.mark.slow
+def test_memory_mode_reports_both_processes(tmp_path):
+    results = step_cost.main(["--memory", "--networks", "digits_mlp", "--steps", "10",
+                              "--steps-per-execution", "5", "--out", str(tmp_path)])
+    entry = _strict_json(tmp_path / "memory.json")["networks"]["digits_mlp"]
+    for method in ("keras_sgd", "mccadl"):
+        run = entry["runs"][method]
+        assert "error" not in run, run
+        assert _positive_finite(run["vm_hwm_mib"]) and run["steps_completed"] == 10
+    assert entry["g_size_mib"] == pytest.approx(32 * 3760 * 4 / 2**20)
+    assert entry["mccadl_minus_sgd_peak_mib"] == pytest.approx(
+        entry["runs"]["mccadl"]["vm_hwm_mib"] - entry["runs"]["keras_sgd"]["vm_hwm_mib"])
+    assert results["networks"]["digits_mlp"]["num_params"] == 3760
