@@ -21,11 +21,15 @@ import keras
 import tensorflow as tf
 from keras.src.trainers.data_adapters import data_adapter_utils
 
+from keras_thermo import dense_gradients as kt_dense_gradients
 from keras_thermo import grads as kt_grads
 from keras_thermo._distribute import CrossReplica, replica_local_variable
 from keras_thermo import priors as kt_priors
 from keras_thermo import samplers as kt_samplers
-from keras_thermo._validation import check_int, check_positive, check_seed
+from keras_thermo._validation import check_choice, check_int, check_positive, check_seed
+
+#: How per-example gradient statistics are computed (samplers that need them: CCAdL, mCCAdL).
+PER_EXAMPLE_METHODS = ("auto", "vectorized", "dense_layers")
 
 # Keras loss reductions that keep the `N * mean` convention of the potential.
 _MEAN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
@@ -92,6 +96,12 @@ class BayesianModel(keras.Model):
         temperature: T > 0; the target is `exp(-U / T)` (1 = the Bayes posterior).
         seed: Integer in [0, 2**31) keying all sampler noise; None draws one (kept in the config,
             so saving and resuming stay exact).
+        per_example_method: How samplers that need per-example gradients (CCAdL, mCCAdL) get
+            them: `"vectorized"` forms the `[n, Nd]` rows with `tf.vectorized_map` (any
+            compatible network); `"dense_layers"` takes the statistics from per-layer factors
+            without forming the rows (`keras_thermo.dense_gradients`; only `Sequential` nets
+            whose trainable layers are all `Dense`, several times cheaper); `"auto"` (default)
+            uses `"dense_layers"` where it applies and `"vectorized"` otherwise.
 
     Example:
         >>> import keras, numpy as np, keras_thermo as kt
@@ -113,6 +123,7 @@ class BayesianModel(keras.Model):
         prior: kt_priors.Prior | None = None,
         temperature: float = 1.0,
         seed: int | None = None,
+        per_example_method: str = "auto",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -125,6 +136,7 @@ class BayesianModel(keras.Model):
         self.temperature = check_positive("temperature", temperature)
         seed = check_seed("seed", seed)
         self.seed = py_random.randrange(2**31) if seed is None else seed
+        self.per_example_method = check_choice("per_example_method", per_example_method, PER_EXAMPLE_METHODS)
         with self.distribute_strategy.scope():
             self._runtime = _Runtime()
         self._state_variables: list = []
@@ -214,6 +226,7 @@ class BayesianModel(keras.Model):
             "prior": None if self.prior is None else keras.saving.serialize_keras_object(self.prior),
             "temperature": self.temperature,
             "seed": self.seed,
+            "per_example_method": self.per_example_method,
         }
 
     @classmethod
@@ -336,7 +349,30 @@ class BayesianModel(keras.Model):
         logs.update(diagnostics)
         return logs
 
+    @property
+    def per_example_path(self) -> str:
+        """The per-example method in use: `"vectorized"` or `"dense_layers"` (resolves "auto")."""
+        if self.per_example_method != "auto":
+            return self.per_example_method
+        if kt_dense_gradients.dense_layer_incompatibility(self.net) is None:
+            return "dense_layers"
+        return "vectorized"
+
+    def _check_per_example_method(self) -> None:
+        if not self.sampler.needs_per_example_gradients or self.per_example_method != "dense_layers":
+            return
+        reason = kt_dense_gradients.dense_layer_incompatibility(self.net)
+        if reason is not None:
+            raise ValueError(
+                f"`per_example_method` 'dense_layers' does not apply to net {self.net.name!r}: "
+                f"{reason}. Use 'auto' or 'vectorized'."
+            )
+
     def _per_example_gradients(self, x, y, sample_weight, cross):
+        if self.per_example_path == "dense_layers":
+            return kt_dense_gradients.dense_layer_gradients(
+                self.net, self.loss, x, y, sample_weight, cross_replica=cross
+            )
         rows = kt_grads.per_example_gradients(self.net, self.loss, x, y, sample_weight)
         return kt_grads.PerExampleGradients(rows, cross)
 
@@ -399,6 +435,7 @@ class BayesianModel(keras.Model):
         if not self.compiled:
             raise ValueError("Call `compile(loss=...)` on the BayesianModel before `fit`.")
         self._build_from_data(arguments.get("x"), arguments.get("y"), arguments.get("batch_size"))
+        self._check_per_example_method()
         callbacks = arguments.get("callbacks")
         self._attach_recorders(callbacks)
         self._runtime.diverged_at.assign(-1)
@@ -414,6 +451,7 @@ class BayesianModel(keras.Model):
     def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None, return_dict=False):
         """`keras.Model.train_on_batch` (one sampler step), building the sampler state first."""
         self._build_from_data(x, y, None)
+        self._check_per_example_method()
         self._runtime.diverged_at.assign(-1)
         logs = super().train_on_batch(
             x, y, sample_weight=sample_weight, class_weight=class_weight, return_dict=return_dict

@@ -15,6 +15,8 @@ apply the same operations to the same reduced inputs.
 """
 
 import functools
+import glob
+import os
 
 import keras
 import numpy as np
@@ -22,6 +24,7 @@ import pytest
 import tensorflow as tf
 
 import keras_thermo as kt
+from keras_thermo.callbacks import TACTHistograms
 
 N = 128
 GLOBAL_BATCH = 16
@@ -210,3 +213,34 @@ def test_divergence_under_a_strategy_keeps_the_last_finite_state():
         for copy in strategy.experimental_local_results(getattr(variable, "value", variable)):
             if copy.dtype.is_floating:
                 assert np.all(np.isfinite(copy.numpy())), variable.path
+
+
+def _events(log_dir):
+    """{tag: (step, value)} of the last event of each tag under `log_dir`."""
+    written = {}
+    for path in glob.glob(os.path.join(str(log_dir), "**", "events.out.tfevents.*"), recursive=True):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                written[value.tag] = (event.step, tf.make_ndarray(value.tensor))
+    return written
+
+
+def test_tensorboard_diagnostics_and_tact_histograms_match_single_device(tmp_path):
+    strategy = _strategy()
+    make_sampler = SAMPLER_CONFIGS["tact-hmc"]
+
+    def run(model, log_dir):
+        callbacks = [
+            keras.callbacks.TensorBoard(str(log_dir), update_freq=50),
+            TACTHistograms(str(log_dir / "histograms"), update_freq="epoch"),
+        ]
+        _fit(model, callbacks)
+        return _events(log_dir)
+
+    single = run(_model(make_sampler), tmp_path / "single")
+    distributed = run(_distributed_model(strategy, make_sampler), tmp_path / "distributed")
+
+    for tag in ("batch_xi", "batch_effective_temperature", "batch_potential", "tact_hmc/abf_mean_force", "tact_hmc/xi"):
+        assert tag in single, sorted(single)
+        assert distributed[tag][0] == single[tag][0], tag
+        np.testing.assert_allclose(distributed[tag][1], single[tag][1], rtol=RTOL, atol=ATOL, err_msg=tag)
