@@ -35,6 +35,9 @@ from keras_thermo.dense_gradients import (
 )
 from keras_thermo.linalg import expm_action, expm_action_taylor, gram_matrix
 from keras_thermo.linalg import taylor as taylor_module
+from keras_thermo.linalg import gram as gram_module
+from keras_thermo.linalg.operators import MatrixRows
+from keras_thermo.linalg.dispatch import GRAM, TAYLOR
 
 tf.get_logger().setLevel(logging.ERROR)  # pfor logs retracing of its helper functions
 
@@ -226,8 +229,11 @@ def test_expm_action_on_the_operator_matches_scipy(method, tau_frobenius):
     bound = 4.0 * UNIT_ROUNDOFF * (1.0 + tau * frobenius) * np.linalg.norm(v)
     assert result.shape == v.shape
     assert np.linalg.norm(result.numpy() - reference) <= bound
-    if method == "auto":  # the dense tensor has the same n, D and norm: same choice
-        assert int(expm_action(gc.astype(np.float32), v, tau, method=method)[2]) == int(code)
+    if method == "auto":  # the cheaper method by the operator's own cost estimates
+        _, plan, _ = taylor_module.prepare_taylor(operator, v, tau, None, taylor_module.MAX_DEGREE, None)
+        gram_cost = float(gram_module.gram_method_cost(operator))
+        expected = GRAM if gram_cost < float(plan.predicted_matvecs) + 0.5 else TAYLOR
+        assert int(code) == expected, (gram_cost, float(plan.predicted_matvecs))
 
 
 def test_taylor_traces_once_per_layout_not_per_operator():
@@ -340,3 +346,27 @@ def test_bad_inputs_are_rejected_by_name():
         dense_layer_gradients(net, keras.losses.MeanSquaredError(reduction="sum"), x, targets)
     with pytest.raises(ValueError, match=r"same number.*got 2 and 1"):
         DenseLayerGradients([tf.ones([2, 1])] * 2, [tf.ones([2, 1])], [True, True])
+
+
+def test_gram_method_cost_counts_the_factored_products():
+    """K from factors costs 2 n^2 sum(in + out) flops, a product with S 4 n sum(in * out), eigh
+    9 n^3: far below the dense-matrix estimate for an MLP, so "auto" prefers Gram sooner."""
+    net = _mlp()
+    x, labels, _, _ = _data(seed=2)
+    operator = dense_layer_gradients(net, CROSS_ENTROPY, x, labels).covariance_factor()
+    layout = [(k.shape[0], k.shape[1]) for k in net.trainable_variables if len(k.shape) == 2]
+    n = BATCH
+    expected = 1.0 + (2 * n * n * sum(i + o for i, o in layout) + 9 * n**3) / (4 * n * sum(i * o for i, o in layout))
+    np.testing.assert_allclose(float(operator.gram_method_cost()), expected, rtol=1e-12)
+    assert float(gram_module.gram_method_cost(operator)) == pytest.approx(expected)
+    # EMNIST MLP layout (784 -> 100 -> 47) at n = 128: about 2.2 products, against ~9 for the
+    # dense-matrix estimate.
+    emnist = DenseLayerRows(
+        [tf.zeros([128, 784]), tf.zeros([128, 100])], [tf.zeros([128, 100]), tf.zeros([128, 47])],
+        [True, True],
+    )
+    assert float(emnist.gram_method_cost()) == pytest.approx(2.24, abs=0.01)
+    assert float(gram_module.gram_matvec_equivalents(128, emnist.num_cols)) > 8.0
+    assert float(gram_module.gram_method_cost(MatrixRows(tf.zeros([n, 7])))) == pytest.approx(
+        float(gram_module.gram_matvec_equivalents(n, 7))
+    )

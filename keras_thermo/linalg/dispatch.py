@@ -87,8 +87,7 @@ def expm_action(
             result, matvecs = taylor.run_taylor(operands, plan, tol, max_degree)
             code = TAYLOR
         else:
-            n, d = _operands.matrix_shape(operands.gc)
-            use_gram = gram.gram_matvec_equivalents(n, d) < plan.predicted_matvecs + 0.5
+            use_gram = gram.gram_method_cost(operands.gc) < plan.predicted_matvecs + 0.5
             result, matvecs = tf.cond(
                 use_gram,
                 lambda: gram.run_gram(operands),

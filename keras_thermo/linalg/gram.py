@@ -61,6 +61,16 @@ def gram_matvec_equivalents(n: Any, d: Any) -> tf.Tensor:
     return 1.0 + 0.5 * gram_passes + eigh_products
 
 
+def gram_method_cost(rows) -> tf.Tensor:
+    """The Gram method's time in products with `S` for the operator `rows`: its own estimate
+    (`CenteredRows.gram_method_cost`) or, for a dense matrix, `gram_matvec_equivalents`."""
+    cost = rows.gram_method_cost()
+    if cost is None:
+        n, d = _operands.matrix_shape(rows)
+        cost = gram_matvec_equivalents(n, d)
+    return tf.cast(cost, tf.float64)
+
+
 def run_gram(operands: _operands.Operands) -> tuple[tf.Tensor, tf.Tensor]:
     """The Gram method on checked operands; returns `([D, k] block, matvec equivalents)`."""
     gc, v, tau = operands.gc, operands.v, operands.tau
@@ -82,8 +92,7 @@ def run_gram(operands: _operands.Operands) -> tuple[tf.Tensor, tf.Tensor]:
     coefficients = tf.matmul(eigenvectors, filter_values[:, tf.newaxis] * projected)
     result = v + gc.rmatvec(tf.cast(coefficients, v.dtype))
     result = tf.where(finite, result, tf.constant(float("nan"), v.dtype))
-    n, d = _operands.matrix_shape(operands.gc)
-    return result, tf.cast(tf.math.ceil(gram_matvec_equivalents(n, d)), tf.int32)
+    return result, tf.cast(tf.math.ceil(gram_method_cost(operands.gc)), tf.int32)
 
 
 def expm_action_gram(gc: Any, v: Any, tau: Any) -> tuple[tf.Tensor, tf.Tensor]:

@@ -87,6 +87,13 @@ class CenteredRows(abc.ABC):
     def frobenius_squared(self) -> tf.Tensor:
         """`||Gc||_F^2 = tr(Gc Gc^T)`, a scalar of `dtype`."""
 
+    def gram_method_cost(self) -> tf.Tensor | None:
+        """Time of the Gram method in products with `S = -tau Gc^T Gc` (float64 scalar), for
+        `expm_action(method="auto")`; None (the default) means "as for a dense `[n, D]` matrix"
+        (`keras_thermo.linalg.gram.gram_matvec_equivalents`). Representations whose Gram
+        matrix is cheap relative to a product override it."""
+        return None
+
     @abc.abstractmethod
     def __tf_flatten__(self) -> tuple[Hashable, Sequence[tf.Tensor]]:
         """`(static description, tensors)`; the description must be hashable."""
