@@ -380,10 +380,14 @@ def describe_strategy(strategy) -> dict:
     """What results.json records about how the run was distributed."""
     if strategy is None:
         return {"strategy": "none", "num_replicas": 1, "num_workers": 1, "worker_index": 0}
+    import tensorflow as tf  # noqa: PLC0415
+
+    kinds = ((tf.distribute.MultiWorkerMirroredStrategy, "multi_worker"), (tf.distribute.MirroredStrategy, "mirrored"))
+    kind = next((name for cls, name in kinds if isinstance(strategy, cls)), type(strategy).__name__)
     resolver = getattr(strategy, "cluster_resolver", None)
     workers = len((resolver.cluster_spec().as_dict() if resolver else {}).get("worker", [])) or 1
     return {
-        "strategy": type(strategy).__name__,
+        "strategy": kind,
         "num_replicas": int(strategy.num_replicas_in_sync),
         "num_workers": workers,
         "worker_index": int(resolver.task_id) if resolver and resolver.task_id is not None else 0,

@@ -52,6 +52,16 @@ class CrossReplica:
     def distributed(self) -> bool:
         return self._context is not None
 
+    @property
+    def multi_worker(self) -> bool:
+        """Whether the replicas span several workers (MultiWorkerMirroredStrategy with a cluster)."""
+        if self._context is None:
+            return False
+        strategy = tf.distribute.get_strategy()
+        return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and (
+            strategy.extended._in_multi_worker_mode()
+        )
+
     def sum(self, value: Any) -> Any:
         """Sum over replicas of a tensor or nested structure of tensors (one all-reduce)."""
         if self._context is None:

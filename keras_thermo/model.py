@@ -347,7 +347,26 @@ class BayesianModel(keras.Model):
         logs = dict(logs)
         logs["potential"] = potential
         logs.update(diagnostics)
+        if cross.multi_worker:
+            # Keras averages a multi-worker step's logs along axis 0 (keras-team/keras#20585).
+            logs = {name: tf.reshape(value, [1]) for name, value in logs.items()}
         return logs
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        # Keras builds the compiled metrics from the first batch after `strategy.reduce`-ing it,
+        # which a multi-worker strategy refuses for an (x, y) structure (keras-team/keras#20585).
+        # Shapes are all the build needs: use this worker's first replica's slice.
+        if iterator is not None and self._distribute_strategy is not None:
+            batch = None
+            for _, _, batches in iterator:
+                batch = next(batches)
+                break
+            local = self._distribute_strategy.experimental_local_results
+            data_batch = tf.nest.map_structure(
+                lambda v: local(v)[0] if isinstance(v, tf.distribute.DistributedValues) else v, batch
+            )
+            iterator = None
+        return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
     @property
     def per_example_path(self) -> str:

@@ -6,9 +6,9 @@ and writes what it ended with to a JSON file:
 
     TF_CONFIG='{"cluster": {"worker": ["127.0.0.1:P0", "127.0.0.1:P1"]},
                 "task": {"type": "worker", "index": 0}}' \\
-    python tests/multi_worker_worker.py --out worker0.json --samplers sghmc,mccadl
+    python tests/multi_worker_worker.py --out worker0.json --samplers sghmc,mccadl_vectorized
 
-Imported, `train_all(samplers)` runs the same training with no strategy: the single-process
+Imported, `train_all(run_names)` runs the same training with no strategy: the single-process
 reference the workers are compared with.
 """
 
@@ -30,15 +30,22 @@ STEPS = EPOCHS * NUM_EXAMPLES // GLOBAL_BATCH
 SEED = 7
 
 
+# name -> (sampler, BayesianModel's per_example_method). mCCAdL's Taylor C step runs a
+# tf.while_loop, which cannot all-reduce, so both per-example paths gather across workers: the
+# [n, Nd] centered rows ("vectorized") or the Dense layers' factors ("dense_layers").
+SAMPLERS = {
+    "sghmc": ("sghmc", "auto"),
+    "mccadl_vectorized": ("mccadl", "vectorized"),
+    "mccadl_dense_layers": ("mccadl", "dense_layers"),
+}
+
+
 def _sampler(name: str):
     import keras_thermo as kt  # noqa: PLC0415 (TensorFlow import is slow)
 
     if name == "sghmc":
         return kt.samplers.SGHMC(step_size=1e-2, friction=1.0)
-    if name == "mccadl":
-        # The Taylor C step runs a tf.while_loop: the case that needs the all-gather.
-        return kt.samplers.MCCAdL(step_size=1e-2, friction=1.0, expm="taylor")
-    raise ValueError(f"`sampler` must be 'sghmc' or 'mccadl', got {name!r}.")
+    return kt.samplers.MCCAdL(step_size=1e-2, friction=1.0, expm="taylor")
 
 
 def regression_dataset():
@@ -61,13 +68,16 @@ def regression_dataset():
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH).with_options(options)
 
 
-def train(sampler_name: str, strategy=None) -> dict[str, Any]:
-    """Samples the regression posterior with one sampler; returns the final state as plain data."""
+def train(run_name: str, strategy=None) -> dict[str, Any]:
+    """Samples the regression posterior with one of `SAMPLERS`; returns the final state as plain data."""
     import keras  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
 
     import keras_thermo as kt  # noqa: PLC0415
 
+    if run_name not in SAMPLERS:
+        raise ValueError(f"`run_name` must be one of {list(SAMPLERS)}, got {run_name!r}.")
+    sampler_name, per_example_method = SAMPLERS[run_name]
     strategy = strategy or tf.distribute.get_strategy()
     keras.utils.set_random_seed(SEED)  # same initial weights in every process
     with strategy.scope():
@@ -75,7 +85,8 @@ def train(sampler_name: str, strategy=None) -> dict[str, Any]:
             [keras.Input((NUM_FEATURES,)), keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(1)]
         )
         model = kt.BayesianModel(
-            net, _sampler(sampler_name), num_examples=NUM_EXAMPLES, prior=kt.priors.Gaussian(1.0), seed=SEED
+            net, _sampler(sampler_name), num_examples=NUM_EXAMPLES, prior=kt.priors.Gaussian(1.0), seed=SEED,
+            per_example_method=per_example_method,
         )
         model.compile(loss="mse")
     initial = np.concatenate([np.ravel(w) for w in net.get_weights()])
@@ -83,6 +94,7 @@ def train(sampler_name: str, strategy=None) -> dict[str, Any]:
     history = model.fit(regression_dataset(), epochs=EPOCHS, verbose=0, callbacks=[samples])
     return {
         "sampler": sampler_name,
+        "per_example_path": model.per_example_path,
         "num_replicas": int(strategy.num_replicas_in_sync),
         "initial_weights": initial.tolist(),
         "weights": np.concatenate([np.ravel(w) for w in net.get_weights()]).tolist(),
@@ -93,21 +105,21 @@ def train(sampler_name: str, strategy=None) -> dict[str, Any]:
     }
 
 
-def train_all(samplers: list[str], strategy=None) -> dict[str, dict[str, Any]]:
-    return {name: train(name, strategy) for name in samplers}
+def train_all(run_names: list[str], strategy=None) -> dict[str, dict[str, Any]]:
+    return {name: train(name, strategy) for name in run_names}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
-    parser.add_argument("--samplers", default="sghmc,mccadl", help="comma-separated: sghmc, mccadl")
+    parser.add_argument("--samplers", default=",".join(SAMPLERS), help=f"comma-separated, of {list(SAMPLERS)}")
     args = parser.parse_args(argv)
     if "TF_CONFIG" not in os.environ:
         parser.error("TF_CONFIG must describe the cluster and this worker's index.")
+    import keras  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
 
-    import keras  # noqa: PLC0415
-    keras.config.disable_traceback_filtering()
+    keras.config.disable_traceback_filtering()  # full tracebacks in the test's failure report
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     results = train_all([s.strip() for s in args.samplers.split(",") if s.strip()], strategy)
     with open(args.out, "w", encoding="utf-8") as handle:

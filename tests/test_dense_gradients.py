@@ -303,7 +303,7 @@ def _lora_dense():
     "build,pattern",
     [
         (lambda: keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(2, 3)]),
-         r"'conv2d'.*Conv2D.*not a keras.layers.Dense"),
+         r"'conv2d(_\d+)?' \(Conv2D\).*not a keras.layers.Dense"),
         (lambda: keras.Sequential([keras.Input((4, 3)), keras.layers.LSTM(2, unroll=True)]),
          r"LSTM.*not a keras.layers.Dense"),
         (lambda: keras.Sequential([keras.Input((6,)), keras.layers.Dense(4),

@@ -43,7 +43,7 @@ def test_mirrored_run_builds_every_method_under_the_strategy(tmp_path):
     assert "steps_per_execution 43 -> 1" in completed.stdout
     results = json.loads((out / "results.json").read_text())
     assert results["distribute"] == {
-        "strategy": "MirroredStrategy", "num_replicas": 2, "num_workers": 1, "worker_index": 0,
+        "strategy": "mirrored", "num_replicas": 2, "num_workers": 1, "worker_index": 0,
     }
     assert results["config"]["training"]["steps_per_execution"] == 1
     steps_per_epoch = -(-1346 // 64)  # N = 1346 digits training examples, last batch partial
@@ -77,7 +77,7 @@ def test_adapt_to_strategy_checks_the_global_batch_and_resets_steps_per_executio
 def test_describe_strategy_and_output_folder():
     strategy = _two_replica_strategy()
     assert run.describe_strategy(strategy) == {
-        "strategy": "MirroredStrategy", "num_replicas": 2, "num_workers": 1, "worker_index": 0,
+        "strategy": "mirrored", "num_replicas": 2, "num_workers": 1, "worker_index": 0,
     }
     assert run.output_folder("runs/x", strategy) == Path("runs/x")
     assert run.describe_strategy(None)["num_replicas"] == 1
