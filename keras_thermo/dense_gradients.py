@@ -367,26 +367,13 @@ class DenseLayerRows(CenteredRows):
 def _per_example_losses(
     loss_fn: Any, y: Any, y_pred: tf.Tensor, sample_weight: tf.Tensor | None
 ) -> tf.Tensor:
-    """`[n]` losses `l_i`, each computed as `keras_thermo.grads.per_example_gradients` does.
-
-    Each example goes through `loss_fn` as a batch of one (`tf.vectorized_map` over the loss
-    alone, a few ops on `[n, out]`), so reductions and sample weights mean exactly what they
-    mean there: a Keras loss gets the example's weight and, under a strategy, its division by
-    the number of replicas is undone; a plain callable's mean is multiplied by the weight.
-    """
-    is_loss_object = isinstance(loss_fn, keras.losses.Loss)
-    replicas = tf.distribute.get_strategy().num_replicas_in_sync
-
+    """`[n]` losses `l_i`, each through `keras_thermo.grads.example_loss` as a batch of one
+    (`tf.vectorized_map` over the loss alone, a few ops on `[n, out]`), so reductions and sample
+    weights mean exactly what they mean for `per_example_gradients`."""
     def one_loss(example: tuple) -> tf.Tensor:
         y_i, pred_i = tf.nest.map_structure(lambda t: tf.expand_dims(t, 0), example[:2])
         weight_i = tf.expand_dims(example[2], 0) if len(example) == 3 else None
-        if is_loss_object:
-            loss = loss_fn(y_i, pred_i, sample_weight=weight_i)
-            return loss * tf.cast(replicas, loss.dtype)
-        loss = tf.reduce_mean(loss_fn(y_i, pred_i))
-        if weight_i is not None:
-            loss = loss * tf.cast(tf.reshape(weight_i, []), loss.dtype)
-        return loss
+        return grads.example_loss(loss_fn, y_i, pred_i, weight_i)
 
     examples = (y, y_pred) if sample_weight is None else (y, y_pred, sample_weight)
     return tf.vectorized_map(one_loss, examples)

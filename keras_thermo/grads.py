@@ -317,6 +317,24 @@ def _resolve_loss(loss_fn: LossLike) -> Callable[..., Any]:
     return loss_fn
 
 
+def example_loss(loss_fn: Callable[..., Any], y_i: Any, y_pred_i: Any, weight_i: Any = None) -> tf.Tensor:
+    """The loss `w_i l_i` of one example given as a batch of one (the row of `G` is its gradient).
+
+    A Keras loss object gets the example's weight; a plain callable's mean over the batch of one
+    is multiplied by it (one scalar per example).
+    """
+    if isinstance(loss_fn, keras.losses.Loss):
+        loss = loss_fn(y_i, y_pred_i, sample_weight=weight_i)
+        # Under tf.distribute a Keras loss divides itself by the number of replicas (so that
+        # summed replica gradients average); a per-example loss must not.
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        return loss * tf.cast(replicas, loss.dtype)
+    loss = tf.reduce_mean(loss_fn(y_i, y_pred_i))
+    if weight_i is not None:
+        loss = loss * tf.cast(tf.reshape(weight_i, []), loss.dtype)
+    return loss
+
+
 def _dense_gradient(gradient: Any, variable: Any) -> tf.Tensor:
     """The gradient as a dense tensor of the variable's shape."""
     if isinstance(gradient, tf.IndexedSlices):
@@ -395,7 +413,6 @@ def per_example_gradients(
             "variables."
         )
     is_loss_object = isinstance(loss_fn, keras.losses.Loss)
-    replicas = tf.distribute.get_strategy().num_replicas_in_sync
 
     def as_batch_of_one(structure: Any) -> Any:
         return tf.nest.map_structure(lambda t: tf.expand_dims(t, 0), structure)
@@ -415,15 +432,7 @@ def per_example_gradients(
                         "batch, not per example. Apply the mask through "
                         "`sample_weight` instead."
                     )
-            if is_loss_object:
-                loss = loss_fn(y_i, y_pred, sample_weight=weight_i)
-                # Under tf.distribute a Keras loss divides itself by the number of replicas
-                # (so that summed replica gradients average); a per-example loss must not.
-                loss = loss * tf.cast(replicas, loss.dtype)
-            else:
-                loss = tf.reduce_mean(loss_fn(y_i, y_pred))
-                if weight_i is not None:
-                    loss = loss * tf.cast(tf.reshape(weight_i, []), loss.dtype)
+            loss = example_loss(loss_fn, y_i, y_pred, weight_i)
         gradients = tape.gradient(
             loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
         )
