@@ -6,20 +6,26 @@ and the digits MLP) this builds a plain Keras model with `keras.optimizers.SGD` 
 the same loss, `steps_per_execution` and `jit_compile`. Inputs and labels are random arrays of
 the right shapes (no dataset is read): a `tf.data.Dataset` of a few distinct batches, repeated.
 
-Timing. A warm-up `fit` (tracing and compilation) is excluded. Then `--repeats` repetitions each
-time `fit(dataset, epochs=1, steps_per_epoch=--steps)` once per method, in an order rotated every
-repetition, so that load on a shared machine falls on all methods alike. Per method: the median
-per-step time (wall / steps) and the median over repetitions of the ratio method / SGD taken
-within the same repetition. Every run is checked to have completed all its steps (a sampler whose
-NaN guard trips stops `fit` early); the count is recorded.
+Timing. Two warm-up `fit`s per model (tracing and compilation, then first-execution costs) are
+excluded. Then `--repeats` repetitions each time `fit(dataset, epochs=1, steps_per_epoch=S)` once
+per method, in an order rotated every repetition, so that load on a shared machine falls on all
+methods alike; the garbage collector is kept out of the timed region. Per method: the median
+per-step time (wall / S) and the median over repetitions of the ratio method / SGD taken within
+the same repetition; the same for the training loop alone (first batch to end of epoch, without
+`fit`'s fixed set-up of ~15-20 ms per call), as a check that S is long enough. Every run is
+checked to have completed all its steps (a sampler whose NaN guard trips stops `fit` early); the
+count is recorded. `steps_per_execution` defaults to 50, the value of the task configs.
 
 Breakdown (CCAdL and mCCAdL). The pieces of their step, each timed as a separate warm
-`tf.function` (same `jit_compile`) on the same batch: forward + backward pass (the gradient of the
-batch loss), the per-example gradients `G` (`grads.per_example_gradients`), the covariance
-statistic (CCAdL: `PerExampleGradients(G).diagonal_covariance()`; mCCAdL: `covariance_factor()`),
-and mCCAdL's C step (`mccadl.covariance_step` with the `tau` mCCAdL uses at this step size, N and
-batch size, on the model's current momentum; the method chosen and the matrix-vector products
-are recorded). Each piece is reported in ms and as a fraction of the measured step.
+`tf.function` (same `jit_compile`) on the same batch, less the time of an empty call: forward +
+backward pass (the gradient of the batch loss), the per-example statistics by the path the
+model uses (`BayesianModel.per_example_path`: the rows `G` from `grads.per_example_gradients`,
+or the per-layer factors of `dense_gradients.dense_layer_gradients` for all-Dense nets), the
+covariance statistic (CCAdL: the diagonal; mCCAdL: the centered factor `Gc`, an operator over
+the factors on the Dense-layer path, so no separate piece there), and mCCAdL's C step
+(`mccadl.covariance_step` with the `tau` mCCAdL uses at this step size, N and batch size, on the
+model's current momentum; the method chosen and the matrix-vector products are recorded). Each
+piece is reported in ms and as a fraction of the measured step.
 
 Memory (`--memory`). For each network, one subprocess fits only SGD and one only mCCAdL; each
 reports its peak resident set size (VmHWM, and `ru_maxrss`). Reported next to the size of `G`,
@@ -320,7 +326,7 @@ def time_methods(network: Network, methods, *, steps: int, repeats: int, steps_p
         if entry["error"]:
             print(f"  {network.name} {method}: {entry['error'].splitlines()[0]}", flush=True)
     timed = [m for m in methods if m in models]
-    for repeat in range(repeats):
+    for repeat in range(repeats if timed else 0):
         shift = repeat % len(timed)
         order = timed[shift:] + timed[:shift]  # rotated, so no method always runs first
         this_repeat, this_repeat_loop = {}, {}
@@ -395,17 +401,26 @@ def time_pieces(pieces: dict[str, tuple[Callable, tuple]], calls: int) -> dict[s
     return {name: 1e3 * float(np.median(values)) for name, values in seconds.items()}
 
 
+def per_example_path(model: kt.BayesianModel) -> str:
+    """How `model` gets per-example statistics: `"vectorized"` or `"dense_layers"`."""
+    return getattr(model, "per_example_path", "vectorized")
+
+
 def covariance_breakdown(network: Network, mccadl_model: kt.BayesianModel, *, jit_compile: bool,
                          calls: int) -> dict:
     """Times the pieces of the CCAdL and mCCAdL steps on the first batch of the dataset.
 
-    The C step acts on the model's current momentum with the `tau` of a full batch.
+    The pieces follow the model's per-example path. `"vectorized"`: the rows `G`
+    (`grads.per_example_gradients`), then `PerExampleGradients(G).diagonal_covariance()` (CCAdL)
+    and `.covariance_factor()` (`Gc`, mCCAdL). `"dense_layers"`: the per-layer factors
+    (`dense_gradients.dense_layer_gradients`, whose `covariance_factor()` is an operator over
+    them, so there is no separate factor piece), then their `column_sums_of_squares()`. The C
+    step acts on the model's current momentum with the `tau` of a full batch.
     """
     x, y = next(iter(make_dataset(network)))
     net, loss_fn = mccadl_model.net, _loss()
     variables = net.trainable_variables
-    rows = kt_grads.per_example_gradients(net, loss_fn, x, y)
-    centered = kt_grads.PerExampleGradients(rows).covariance_factor()
+    path = per_example_path(mccadl_model)
     momentum = list(mccadl_model.sampler_state().momentum)
     tau = network.c_step_tau(temperature=mccadl_model.temperature, mass=mccadl_model.sampler.mass)
     expm = mccadl_model.sampler.expm
@@ -420,27 +435,44 @@ def covariance_breakdown(network: Network, mccadl_model: kt.BayesianModel, *, ji
         # scalar), subtracted from the pieces below: inside the train step there is no such call.
         "call_overhead": (_forced(lambda x, y: x[0], jit_compile), (x, y)),
         "forward_backward": (_forced(forward_backward, jit_compile), (x, y)),
-        "per_example_gradients": (
-            _forced(lambda x, y: kt_grads.per_example_gradients(net, loss_fn, x, y), jit_compile), (x, y)),
-        "diagonal_covariance": (
-            _forced(lambda g: kt_grads.PerExampleGradients(g).diagonal_covariance(), jit_compile), (rows,)),
-        "covariance_factor": (
-            _forced(lambda g: kt_grads.PerExampleGradients(g).covariance_factor(), jit_compile), (rows,)),
-        "c_step": (
-            _forced(lambda p, gc: covariance_step(p, gc, tau, expm), jit_compile), (momentum, centered)),
     }
+    if path == "dense_layers":
+        from keras_thermo import dense_gradients  # noqa: PLC0415 (only with that path)
+
+        def factors(x, y):
+            return dense_gradients.dense_layer_gradients(net, loss_fn, x, y).covariance_factor()
+
+        centered = factors(x, y)  # an operator over eager factor tensors, captured below
+        count = float(network.batch_size)
+        pieces["per_example_gradients"] = (_forced(factors, jit_compile), (x, y))
+        pieces["diagonal_covariance"] = (
+            _forced(lambda: centered.column_sums_of_squares() / (count - 1.0), jit_compile), ())
+        frobenius_sq = float(centered.frobenius_squared())
+    else:
+        rows = kt_grads.per_example_gradients(net, loss_fn, x, y)
+        centered = kt_grads.PerExampleGradients(rows).covariance_factor()
+        pieces["per_example_gradients"] = (
+            _forced(lambda x, y: kt_grads.per_example_gradients(net, loss_fn, x, y), jit_compile), (x, y))
+        pieces["diagonal_covariance"] = (
+            _forced(lambda g: kt_grads.PerExampleGradients(g).diagonal_covariance(), jit_compile), (rows,))
+        pieces["covariance_factor"] = (
+            _forced(lambda g: kt_grads.PerExampleGradients(g).covariance_factor(), jit_compile), (rows,))
+        frobenius_sq = float(tf.reduce_sum(tf.square(centered)))
+    pieces["c_step"] = (_forced(lambda p: covariance_step(p, centered, tau, expm), jit_compile), (momentum,))
     raw_ms = time_pieces(pieces, calls)
     overhead_ms = raw_ms.pop("call_overhead")
-    (_, matvecs, code), _ = pieces["c_step"][0](momentum, centered)
+    raw_ms.setdefault("covariance_factor", None)
+    (_, matvecs, code), _ = pieces["c_step"][0](momentum)
     method_names = {kt_linalg.TAYLOR: "taylor", kt_linalg.GRAM: "gram"}
     return {
-        "pieces_ms": {piece: max(ms - overhead_ms, 0.0) for piece, ms in raw_ms.items()},
+        "per_example_path": path,
+        "pieces_ms": {piece: None if ms is None else max(ms - overhead_ms, 0.0) for piece, ms in raw_ms.items()},
         "pieces_raw_ms": raw_ms,
         "call_overhead_ms": overhead_ms,
-        "num_params": int(rows.shape[1]),
-        "batch_size": int(rows.shape[0]),
+        "num_params": int(mccadl_model.num_params),
+        "batch_size": network.batch_size,
         "tau": tau,
-        "tau_frobenius_norm_sq": float(tau * tf.reduce_sum(tf.square(centered))),
+        "tau_frobenius_norm_sq": tau * frobenius_sq,
         "c_step_expm": expm,
         "c_step_method": method_names[int(code)],
         "c_step_matvecs": int(matvecs),
@@ -539,8 +571,13 @@ def markdown_tables(results: dict) -> str:
                 breakdown = results["networks"][name]["breakdown"]
                 fraction = breakdown["fraction_of_mccadl_step"].get(piece)
                 ms = breakdown["pieces_ms"][piece]
-                cells.append(f"{ms:.3g} ({fraction:.0%})" if fraction is not None else f"{ms:.3g}")
+                if ms is None:
+                    cells.append("n/a")
+                else:
+                    cells.append(f"{ms:.3g} ({fraction:.0%})" if fraction is not None else f"{ms:.3g}")
             lines.append(f"| {piece} | " + " | ".join(cells) + " |")
+        lines.append("| per-example path | " + " | ".join(
+            results["networks"][n]["breakdown"]["per_example_path"] for n in with_breakdown) + " |")
         cells = [
             f"{b['c_step_method']}, {b['c_step_matvecs']} matvecs, tau ||Gc||^2 = {b['tau_frobenius_norm_sq']:.3g}"
             for b in (results["networks"][n]["breakdown"] for n in with_breakdown)
@@ -780,6 +817,7 @@ def main(argv: list[str] | None = None) -> dict:
             "timed_steps": steps, "batch_size": network.batch_size, "num_examples": network.num_examples,
             "step_size": network.step_size, "friction": network.friction, "kind": network.kind,
             "num_params": int(models[SGD].count_params()) if SGD in models else None,
+            "per_example_path": per_example_path(models["mccadl"]) if "mccadl" in models else None,
             "timing": timing, "breakdown": None,
         }
         if "mccadl" in models:
@@ -789,7 +827,8 @@ def main(argv: list[str] | None = None) -> dict:
             for method, key in (("mccadl", "fraction_of_mccadl_step"), ("ccadl_diag", "fraction_of_ccadl_step")):
                 step_ms = timing[method]["median_ms_per_step"] if method in models else None
                 breakdown[key] = {
-                    piece: (ms / step_ms if step_ms else None) for piece, ms in breakdown["pieces_ms"].items()
+                    piece: (ms / step_ms if step_ms and ms is not None else None)
+                    for piece, ms in breakdown["pieces_ms"].items()
                 }
             entry["breakdown"] = breakdown
         results["networks"][name] = entry

@@ -364,19 +364,28 @@ class DenseLayerRows(CenteredRows):
 # -- forward and backward pass ----------------------------------------------------------------
 
 
-def _per_example_losses(
+def _per_example_output_gradients(
     loss_fn: Any, y: Any, y_pred: tf.Tensor, sample_weight: tf.Tensor | None
 ) -> tf.Tensor:
-    """`[n]` losses `l_i`, each through `keras_thermo.grads.example_loss` as a batch of one
-    (`tf.vectorized_map` over the loss alone, a few ops on `[n, out]`), so reductions and sample
-    weights mean exactly what they mean for `per_example_gradients`."""
-    def one_loss(example: tuple) -> tf.Tensor:
+    """`d l_i / d y_pred_i` for every example, stacked like `y_pred`.
+
+    Each example's loss is `keras_thermo.grads.example_loss` of a batch of one, so reductions
+    and sample weights mean exactly what they mean for `per_example_gradients`; its gradient
+    is taken inside the `tf.vectorized_map` (a few ops on `[n, out]`). Differentiating a
+    vectorized loss from outside instead makes XLA treat the step's inputs as compile-time
+    constants and recompile the train step at every step.
+    """
+
+    def one_gradient(example: tuple) -> tf.Tensor:
         y_i, pred_i = tf.nest.map_structure(lambda t: tf.expand_dims(t, 0), example[:2])
         weight_i = tf.expand_dims(example[2], 0) if len(example) == 3 else None
-        return grads.example_loss(loss_fn, y_i, pred_i, weight_i)
+        with tf.GradientTape() as tape:
+            tape.watch(pred_i)
+            loss = grads.example_loss(loss_fn, y_i, pred_i, weight_i)
+        return tape.gradient(loss, pred_i)[0]
 
     examples = (y, y_pred) if sample_weight is None else (y, y_pred, sample_weight)
-    return tf.vectorized_map(one_loss, examples)
+    return tf.vectorized_map(one_gradient, examples)
 
 
 def _layer_factors(
@@ -386,7 +395,7 @@ def _layer_factors(
 
     `Dense` layers are evaluated by hand so that their pre-activations `z_l` are tensors of the
     tape; every other layer is called with `training=True`. One backward pass of `sum_i l_i`
-    to all `z_l` then gives every `Delta_l`.
+    to all `z_l` (seeded with each example's output gradient) then gives every `Delta_l`.
     """
     inputs, pre_activations, has_bias = [], [], []
     with tf.GradientTape(watch_accessed_variables=False) as tape:
@@ -410,10 +419,12 @@ def _layer_factors(
             pre_activations.append(pre_activation)
             has_bias.append(layer.bias is not None)
             activations = layer.activation(pre_activation)
-        losses = _per_example_losses(loss_fn, y, activations, sample_weight)
-        total = tf.reduce_sum(losses)
+    # Example i's loss depends only on its own outputs, so back-propagating the stacked
+    # per-example output gradients gives every Delta_l in one pass.
+    output_gradients = _per_example_output_gradients(loss_fn, y, activations, sample_weight)
     deltas = tape.gradient(
-        total, pre_activations, unconnected_gradients=tf.UnconnectedGradients.ZERO
+        activations, pre_activations, output_gradients=output_gradients,
+        unconnected_gradients=tf.UnconnectedGradients.ZERO,
     )
     return inputs, deltas, has_bias
 
