@@ -70,6 +70,7 @@ import tensorflow as tf
 
 import keras_thermo as kt
 from keras_thermo import grads as kt_grads
+from keras_thermo import random as kt_random
 from keras_thermo import linalg as kt_linalg
 from keras_thermo import models as kt_models
 from keras_thermo.samplers.mccadl import covariance_step
@@ -406,6 +407,16 @@ def per_example_path(model: kt.BayesianModel) -> str:
     return getattr(model, "per_example_path", "vectorized")
 
 
+def _noise_draws(variables) -> Callable:
+    """A function of the step drawing one standard normal per trainable scalar, as samplers do."""
+
+    def draws(step):
+        key = kt_random.step_key(0, step, kt_random.STREAM_MOMENTUM)
+        return kt_random.normal_like(key, variables)
+
+    return draws
+
+
 def covariance_breakdown(network: Network, mccadl_model: kt.BayesianModel, *, jit_compile: bool,
                          calls: int) -> dict:
     """Times the pieces of the CCAdL and mCCAdL steps on the first batch of the dataset.
@@ -435,6 +446,10 @@ def covariance_breakdown(network: Network, mccadl_model: kt.BayesianModel, *, ji
         # scalar), subtracted from the pieces below: inside the train step there is no such call.
         "call_overhead": (_forced(lambda x, y: x[0], jit_compile), (x, y)),
         "forward_backward": (_forced(forward_backward, jit_compile), (x, y)),
+        # The Nd standard normals every noisy sampler draws per step (once for SGLD, SGHMC,
+        # SGNHT, CCAdL; TACT-HMC and the symmetric integrators draw them twice): what the cheap
+        # samplers add to SGD's step, besides elementwise updates.
+        "noise_draws": (_forced(_noise_draws(variables), jit_compile), (tf.constant(1, tf.int64),)),
     }
     if path == "dense_layers":
         from keras_thermo import dense_gradients  # noqa: PLC0415 (only with that path)
@@ -563,8 +578,8 @@ def markdown_tables(results: dict) -> str:
                   "per call less the cost of an empty call): ms, and in brackets the fraction of "
                   "the measured mCCAdL step.", "",
                   "| piece | " + " | ".join(with_breakdown) + " |", "|---|" + "---|" * len(with_breakdown)]
-        pieces = ("forward_backward", "per_example_gradients", "diagonal_covariance",
-                  "covariance_factor", "c_step")
+        pieces = ("forward_backward", "noise_draws", "per_example_gradients",
+                  "diagonal_covariance", "covariance_factor", "c_step")
         for piece in pieces:
             cells = []
             for name in with_breakdown:

@@ -13,7 +13,7 @@ import pytest
 from benchmarks import step_cost
 
 SAMPLERS = ["sgld", "sghmc", "sgnht", "sgnht_symmetric", "tact_hmc", "ccadl_diag", "mccadl"]
-PIECES = ["forward_backward", "per_example_gradients", "diagonal_covariance", "covariance_factor", "c_step"]
+PIECES = ["forward_backward", "noise_draws", "per_example_gradients", "diagonal_covariance", "covariance_factor", "c_step"]
 
 
 def _strict_json(path):
