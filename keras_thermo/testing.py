@@ -22,6 +22,7 @@ corrected over all the quantities checked.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Callable
 
 import keras
@@ -202,3 +203,22 @@ def compare_with_gaussian(samples: np.ndarray, mean: np.ndarray, covariance: np.
         mean_error=chain_means.mean(axis=0) - mean,
         relative_variance_error=chain_vars.mean(axis=0) / exact_var - 1.0,
     )
+
+
+def load_strict_json(path) -> object:
+    """Reads a benchmark's JSON output, refusing NaN and Infinity (not standard JSON).
+
+    Example:
+        >>> import json, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "r.json")
+        >>> with open(path, "w") as handle:
+        ...     json.dump({"ratio": 1.5}, handle)
+        >>> load_strict_json(path)
+        {'ratio': 1.5}
+    """
+
+    def reject(constant):
+        raise ValueError(f"{path}: non-standard JSON constant {constant}")
+
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle, parse_constant=reject)

@@ -274,7 +274,6 @@ def test_smaller_tolerance_costs_more_and_looser_costs_less():
     gc = centered_low_rank(12, 8, 60, 0.8)
     v = np.random.default_rng(12).standard_normal(60)
     frobenius = float(np.sum(gc**2))
-    rho = largest_gram_eigenvalue(gc)
     tau = 5.0 / frobenius
     loose_result, loose_matvecs = expm_action_taylor(gc, v, tau, tol=2.0**-30)
     _, default_matvecs = expm_action_taylor(gc, v, tau)

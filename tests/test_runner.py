@@ -1,6 +1,5 @@
 """The benchmark runner and its configs: schema, unit conversions, quick runs on mock data."""
 
-import json
 import math
 from pathlib import Path
 
@@ -8,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from benchmarks import demo, run
+from keras_thermo.testing import load_strict_json
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 TASKS = {"emnist": 112_800, "fashion_mnist": 60_000, "cifar10": 50_000}  # training-set sizes N
@@ -15,14 +15,6 @@ TASKS = {"emnist": 112_800, "fashion_mnist": 60_000, "cifar10": 50_000}  # train
 PAPER_TACT = {"emnist": (0.0015, 0.05, 50), "fashion_mnist": (0.0012, 0.15, 50), "cifar10": (0.0010, 0.10, 50)}
 METHODS = ["adam", "sgd", "sghmc", "sgnht", "ccadl", "mccadl", "tact_hmc"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def _strict_json(path):
-    def reject(constant):
-        raise ValueError(f"non-standard JSON constant {constant}")
-
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle, parse_constant=reject)
 
 
 def _skip_unregistered(config):
@@ -33,7 +25,7 @@ def _skip_unregistered(config):
 
 
 def _check_outputs(out, labels):
-    results = _strict_json(out / "results.json")
+    results = load_strict_json(out / "results.json")
     table = (out / "table.md").read_text()
     assert "| % permuted labels | 0% |" in table
     for label in labels:

@@ -5,23 +5,15 @@ finite, and that the derived fields (ratios, targets, the C step's tau) follow f
 ones.
 """
 
-import json
 import math
 
 import pytest
 
 from benchmarks import step_cost
+from keras_thermo.testing import load_strict_json
 
 SAMPLERS = ["sgld", "sghmc", "sgnht", "sgnht_symmetric", "tact_hmc", "ccadl_diag", "mccadl"]
 PIECES = ["forward_backward", "noise_draws", "per_example_gradients", "diagonal_covariance", "covariance_factor", "c_step"]
-
-
-def _strict_json(path):
-    def reject(constant):
-        raise ValueError(f"non-standard JSON constant {constant}")
-
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle, parse_constant=reject)
 
 
 def _positive_finite(value):
@@ -37,7 +29,7 @@ def quick_run(tmp_path_factory):
 
 def test_quick_mode_times_every_method(quick_run):
     out, returned = quick_run
-    results = _strict_json(out / "results.json")
+    results = load_strict_json(out / "results.json")
     assert list(results["networks"]) == ["digits_mlp"]
     settings = results["settings"]
     assert settings["methods"] == ["keras_sgd", *SAMPLERS]
@@ -65,7 +57,7 @@ def test_quick_mode_times_every_method(quick_run):
 
 def test_quick_mode_breakdown_and_targets(quick_run):
     out, _ = quick_run
-    results = _strict_json(out / "results.json")
+    results = load_strict_json(out / "results.json")
     digits = results["networks"]["digits_mlp"]
     breakdown = digits["breakdown"]
     assert breakdown["per_example_path"] in ("vectorized", "dense_layers")
@@ -120,7 +112,7 @@ def test_steps_must_be_whole_executions():
 def test_memory_mode_reports_both_processes(tmp_path):
     results = step_cost.main(["--memory", "--networks", "digits_mlp", "--steps", "10",
                               "--steps-per-execution", "5", "--out", str(tmp_path)])
-    entry = _strict_json(tmp_path / "memory.json")["networks"]["digits_mlp"]
+    entry = load_strict_json(tmp_path / "memory.json")["networks"]["digits_mlp"]
     for method in ("keras_sgd", "mccadl"):
         run = entry["runs"][method]
         assert "error" not in run, run
