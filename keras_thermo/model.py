@@ -23,9 +23,9 @@ from keras.src.trainers.data_adapters import data_adapter_utils
 
 from keras_thermo import dense_gradients as kt_dense_gradients
 from keras_thermo import grads as kt_grads
-from keras_thermo._distribute import CrossReplica, replica_local_variable
 from keras_thermo import priors as kt_priors
 from keras_thermo import samplers as kt_samplers
+from keras_thermo._distribute import CrossReplica, replica_local_variable
 from keras_thermo._validation import check_choice, check_int, check_positive, check_seed
 
 #: How per-example gradient statistics are computed (samplers that need them: CCAdL, mCCAdL).
@@ -355,7 +355,8 @@ class BayesianModel(keras.Model):
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Keras builds the compiled metrics from the first batch after `strategy.reduce`-ing it,
         # which a multi-worker strategy refuses for an (x, y) structure (keras-team/keras#20585).
-        # Shapes are all the build needs: use this worker's first replica's slice.
+        # Shapes are all the build needs, so this worker's first replica's slice serves every
+        # strategy.
         if iterator is not None and self._distribute_strategy is not None:
             batch = None
             for _, _, batches in iterator:
