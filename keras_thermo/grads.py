@@ -507,33 +507,12 @@ def centered(g: Any) -> tf.Tensor:
     return g - tf.reduce_mean(g, axis=0, keepdims=True)
 
 
-def _denominator(g: tf.Tensor, name: str) -> tf.Tensor:
-    """``n - 1`` for the unbiased estimators, refusing ``n < 2``."""
-    n = g.shape[0]
-    if n is not None:
-        if n < 2:
-            raise ValueError(
-                f"{name}: needs at least 2 examples (rows of `g`) to estimate "
-                f"a covariance; got n={n}."
-            )
-        return tf.constant(n - 1, g.dtype)
-    # Unknown batch size at trace time: check when the graph runs. (Under XLA,
-    # asserts are dropped; the batch size there is static in practice.)
-    n = tf.shape(g)[0]
-    with tf.control_dependencies(
-        [
-            tf.debugging.assert_greater_equal(
-                n, 2, message=f"{name}: needs at least 2 examples (rows of `g`)"
-            )
-        ]
-    ):
-        return tf.cast(n - 1, g.dtype)
-
-
 def diagonal_covariance(g: Any) -> tf.Tensor:
     """Per-coordinate empirical variance of the rows, ``(n - 1)`` denominator.
 
-    This is the diagonal of :func:`full_covariance` without forming it.
+    This is the diagonal of :func:`full_covariance` without forming it. Both are
+    ``PerExampleGradients(g)``'s statistics: inside a ``tf.distribute`` replica
+    context they are those of the global batch.
 
     Args:
         g: per-example gradients, shape ``[n, Nd]`` with ``n >= 2``.
@@ -549,9 +528,7 @@ def diagonal_covariance(g: Any) -> tf.Tensor:
         >>> diagonal_covariance(tf.constant([[1.0, 0.0], [3.0, 0.0]])).numpy()
         array([2., 0.], dtype=float32)
     """
-    g = _check_rows(g, "diagonal_covariance")
-    denominator = _denominator(g, "diagonal_covariance")
-    return tf.reduce_sum(tf.square(centered(g)), axis=0) / denominator
+    return PerExampleGradients(g).diagonal_covariance()
 
 
 def full_covariance(g: Any) -> tf.Tensor:
@@ -576,10 +553,7 @@ def full_covariance(g: Any) -> tf.Tensor:
         array([[2., 4.],
                [4., 8.]], dtype=float32)
     """
-    g = _check_rows(g, "full_covariance")
-    denominator = _denominator(g, "full_covariance")
-    gc = centered(g)
-    return tf.matmul(gc, gc, transpose_a=True) / denominator
+    return PerExampleGradients(g).full_covariance()
 
 
 class PerExampleGradients:
@@ -616,24 +590,37 @@ class PerExampleGradients:
     def __init__(self, rows: Any, cross_replica: Any = None):
         from keras_thermo._distribute import CrossReplica  # noqa: PLC0415 (tiny module)
 
-        self._rows = tf.cast(_check_rows(rows, "PerExampleGradients"), tf.float32)
+        self._rows = _check_rows(rows, "PerExampleGradients")
+        if not self._rows.dtype.is_floating:
+            raise TypeError(
+                "PerExampleGradients: `rows` must be a floating tensor [n, Nd]; got dtype "
+                f"{self._rows.dtype.name}."
+            )
         self._cross = cross_replica if cross_replica is not None else CrossReplica()
         local = self._rows.shape[0]
         self._static_count = None if local is None else local * self._cross.num_replicas
         if self._static_count is not None and self._static_count < 2:
             raise ValueError(
-                "PerExampleGradients: estimating the gradient-noise covariance needs a global "
-                f"batch of at least 2 examples; got {self._static_count}."
+                "PerExampleGradients: estimating a covariance needs a (global) batch of at "
+                f"least 2 examples (rows); got n={self._static_count}."
             )
         self._mean = None
         self._factor = None
 
     @property
     def count(self) -> tf.Tensor:
-        """n, the number of examples in the global batch (float32 scalar)."""
+        """n, the number of examples in the global batch (scalar in the rows' dtype)."""
+        dtype = self._rows.dtype
         if self._static_count is not None:
-            return tf.constant(float(self._static_count))
-        return self._cross.sum(tf.cast(tf.shape(self._rows)[0], tf.float32))
+            return tf.constant(float(self._static_count), dtype)
+        count = self._cross.sum(tf.cast(tf.shape(self._rows)[0], dtype))
+        # Unknown batch size at trace time: checked when the graph runs (XLA drops asserts;
+        # the batch size there is static in practice).
+        check = tf.debugging.assert_greater_equal(
+            count, tf.constant(2.0, dtype), message="PerExampleGradients: needs at least 2 examples"
+        )
+        with tf.control_dependencies([check]):
+            return tf.identity(count)
 
     def _centered_local(self) -> tf.Tensor:
         if self._mean is None:

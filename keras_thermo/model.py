@@ -394,7 +394,7 @@ class BayesianModel(keras.Model):
                 self.net, self.loss, x, y, sample_weight, cross_replica=cross
             )
         rows = kt_grads.per_example_gradients(self.net, self.loss, x, y, sample_weight)
-        return kt_grads.PerExampleGradients(rows, cross)
+        return kt_grads.PerExampleGradients(tf.cast(rows, tf.float32), cross)
 
     def _apply_if_finite(self, variables, new_params, state, new_state, potential, cross) -> None:
         """Assigns the step's results, unless any is non-finite (then nothing moves)."""

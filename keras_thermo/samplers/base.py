@@ -194,7 +194,7 @@ def require_per_example_gradients(context: StepContext, sampler_name: str):
             f"{sampler_name} estimates the gradient-noise covariance from the minibatch, which "
             f"needs a batch size of at least 2; got per-example gradients for {rows} example(s)."
         )
-    return kt_grads.PerExampleGradients(given)
+    return kt_grads.PerExampleGradients(tf.cast(given, tf.float32))
 
 
 def force_noise_scale(context: StepContext) -> tf.Tensor:
