@@ -286,6 +286,7 @@ def _critical_step_size(x, y, batch_size):
 
 
 def _fit(sampler, x, y, batch_size, steps):
+    keras.utils.set_random_seed(0)  # the batch order, so the run does not depend on earlier tests
     net = testing.linear_regression_net(x.shape[1])
     for variable in net.trainable_variables:  # start near the posterior, where Sigma was predicted
         variable.assign(np.zeros(variable.shape, np.float32))
@@ -307,10 +308,13 @@ def test_ccadl_diverges_above_the_predicted_step_size_and_mccadl_does_not():
     with pytest.raises(SamplerDivergedError, match="CCAdL"):
         _fit(CCAdL(1.4 * critical, friction=1.0), x, y, batch_size, steps=1024)
 
+    # Stability only: at twice CCAdL's limit mCCAdL does not diverge, but its discretisation
+    # bias is large (over 8 batch orders its end points had an RMS of ~2.2 posterior stds per
+    # coordinate), so no accuracy is claimed here; test_samples_linear_regression_posterior
+    # checks accuracy at ordinary step sizes.
     model = _fit(MCCAdL(2.0 * critical, friction=1.0), x, y, batch_size, steps=1024)
-    weights = np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
-    mean, cov = testing.linear_regression_posterior(x, y, prior_std=1.0)
-    assert np.all(np.abs(weights - mean) < 6 * np.sqrt(np.diag(cov)))
+    assert model.sampler_step == 1024
+    assert all(np.isfinite(v.numpy()).all() for v in model.variables if v.dtype != "int64")
 
 
 # --- Through the model: logs, state, saving ---------------------------------------------------
