@@ -25,7 +25,7 @@ from keras_thermo import dense_gradients as kt_dense_gradients
 from keras_thermo import grads as kt_grads
 from keras_thermo import priors as kt_priors
 from keras_thermo import samplers as kt_samplers
-from keras_thermo._distribute import CrossReplica, replica_local_variable
+from keras_thermo._distribute import CrossReplica, isolate_collectives, replica_local_variable
 from keras_thermo._validation import check_choice, check_int, check_positive, check_seed
 
 #: How per-example gradient statistics are computed (samplers that need them: CCAdL, mCCAdL).
@@ -54,6 +54,40 @@ class _Runtime:
         # One copy per replica (they agree): written inside the step, read by the callbacks.
         self.diverged_at = replica_local_variable(tf.constant(-1, tf.int64), name="diverged_at")
         self.state_structure = None
+
+
+def check_float32_variables(variables) -> None:
+    """Refuses weights that are not float32: the samplers' noise, momenta and step sizes are
+    float32, and a float64 (or float16) weight would fail deep inside the traced step."""
+    for variable in variables:
+        dtype = keras.backend.standardize_dtype(variable.dtype)
+        if dtype != "float32":
+            raise TypeError(
+                f"BayesianModel samples float32 weights, but trainable variable "
+                f"{getattr(variable, 'path', variable.name)!r} has dtype {dtype!r}. Build the net "
+                "with dtype='float32' (or keras.config.set_floatx('float32')); a mixed-precision "
+                "policy such as 'mixed_bfloat16' keeps float32 weights and is accepted."
+            )
+
+
+# Keras callbacks that drive an optimizer's learning rate, which a BayesianModel does not have.
+_LEARNING_RATE_CALLBACKS = (keras.callbacks.LearningRateScheduler, keras.callbacks.ReduceLROnPlateau)
+
+
+def check_no_learning_rate_callbacks(callbacks) -> None:
+    """Refuses Keras' learning-rate callbacks with a message saying what to use instead."""
+    if isinstance(callbacks, keras.callbacks.CallbackList):
+        callbacks = callbacks.callbacks
+    for callback in callbacks or []:
+        if isinstance(callback, _LEARNING_RATE_CALLBACKS):
+            raise ValueError(
+                f"`callbacks` contains {type(callback).__name__}, which sets an optimizer's "
+                "learning rate; a BayesianModel has no optimizer, and a sampler's step size h is "
+                "not a learning rate (for SGHMC-type samplers lr = h^2 N). Give the sampler a "
+                "keras LearningRateSchedule as `step_size`, or set `model.sampler.step_size` "
+                "(and `model.temperature`) from your own callback: both take effect at the next "
+                "step and are checkpointed."
+            )
 
 
 def _loss_reductions(loss) -> list[tuple[str, Any]]:
@@ -133,10 +167,13 @@ class BayesianModel(keras.Model):
         self.sampler = kt_samplers.get(sampler)
         self.num_examples = check_int("num_examples", num_examples, low=1)
         self.prior = kt_priors.get(prior)
-        self.temperature = check_positive("temperature", temperature)
+        self._temperature_variable = None
+        self.temperature = temperature
         seed = check_seed("seed", seed)
         self.seed = py_random.randrange(2**31) if seed is None else seed
         self.per_example_method = check_choice("per_example_method", per_example_method, PER_EXAMPLE_METHODS)
+        # Collective keys of this strategy's own, so an earlier strategy's cannot clash with them.
+        isolate_collectives(self.distribute_strategy)
         with self.distribute_strategy.scope():
             self._runtime = _Runtime()
         self._state_variables: list = []
@@ -242,6 +279,41 @@ class BayesianModel(keras.Model):
             )
         return cls(**config)
 
+    # --- settings the compiled step reads from variables ----------------------------------------
+
+    @property
+    def temperature(self) -> float:
+        """T > 0. May be changed at any time (between or during `fit` calls, e.g. from a
+        callback for a temperature ramp): the compiled step reads it from a variable, which
+        checkpoints keep. The sampler's step size works the same way (`sampler.step_size`)."""
+        if self._temperature_variable is not None:
+            return float(self._temperature_variable.numpy())
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value) -> None:
+        value = check_positive("temperature", value)
+        if self._temperature_variable is not None:
+            self._temperature_variable.assign(value)
+        self._temperature = value
+
+    def _create_setting_variables(self) -> None:
+        """Variables for the temperature and a float step size, so that changing them after the
+        step was traced takes effect, and checkpoints hold them."""
+        self._temperature_variable = keras.Variable(
+            self._temperature, dtype="float32", trainable=False, autocast=False, name="temperature"
+        )
+        if self.sampler.has_bound_step_size:
+            # One sampler instance given to a second model: that model gets its own copy, so the
+            # two models' step sizes stay independent.
+            self.sampler = type(self.sampler).from_config(self.sampler.get_config())
+        if not isinstance(self.sampler.step_size, keras.optimizers.schedules.LearningRateSchedule):
+            variable = keras.Variable(
+                self.sampler.step_size, dtype="float32", trainable=False, autocast=False, name="step_size"
+            )
+            self._step_size_variable = variable
+            self.sampler.bind_step_size(variable)
+
     # --- sampler state ------------------------------------------------------------------------
 
     @property
@@ -258,8 +330,10 @@ class BayesianModel(keras.Model):
                 f"`net` {self.net.name!r} has no trainable weights to sample; a BayesianModel "
                 "needs at least one trainable variable."
             )
+        check_float32_variables(self.trainable_variables)
         with self.distribute_strategy.scope():
             self._create_state_variables(params)
+            self._create_setting_variables()
 
     def _create_state_variables(self, params) -> None:
         initial = self.sampler.init(params, temperature=self.temperature, seed=self.seed)
@@ -271,7 +345,7 @@ class BayesianModel(keras.Model):
                 names.append(f"{self.sampler.name}_{field}")
         leaves = tf.nest.flatten(initial)
         self._state_variables = [
-            keras.Variable(leaf, dtype=leaf.dtype.name, trainable=False, name=name)
+            keras.Variable(leaf, dtype=leaf.dtype.name, trainable=False, autocast=False, name=name)
             for leaf, name in zip(leaves, names)
         ]
         self._runtime.state_structure = initial
@@ -331,7 +405,7 @@ class BayesianModel(keras.Model):
         if self.sampler.needs_per_example_gradients:
             per_example = self._per_example_gradients(x, y, sample_weight, cross)
         context = kt_samplers.StepContext(
-            temperature=self.temperature,
+            temperature=tf.convert_to_tensor(self._temperature_variable),
             num_examples=self.num_examples,
             batch_size=batch_size,
             potential=potential,
@@ -457,6 +531,7 @@ class BayesianModel(keras.Model):
         self._build_from_data(arguments.get("x"), arguments.get("y"), arguments.get("batch_size"))
         self._check_per_example_method()
         callbacks = arguments.get("callbacks")
+        check_no_learning_rate_callbacks(callbacks)
         self._attach_recorders(callbacks)
         self._runtime.diverged_at.assign(-1)
         guard = _DivergenceGuard()

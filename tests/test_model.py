@@ -176,8 +176,8 @@ def test_sampler_state_lives_in_non_trainable_variables_created_once():
     model.compile(loss="mse")
     model.fit(x, y, batch_size=16, epochs=1, verbose=0)
     count = len(model.non_trainable_variables)
-    # step + one momentum per trainable variable + xi
-    assert count == 1 + len(model.trainable_variables) + 1
+    # step + one momentum per trainable variable + xi, then the temperature and step size
+    assert count == 1 + len(model.trainable_variables) + 1 + 2
     model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[kt.callbacks.SampleCollector()])
     assert len(model.non_trainable_variables) == count
     assert model.sampler_step == 8

@@ -130,8 +130,10 @@ def test_one_step_matches_a_hand_computation(friction_integrator):
     xi, r_xi = 1.2, 0.04
     abf_mean = np.linspace(-1.0, 1.0, 10).astype(np.float32)
     state = state._replace(
-        xi=tf.constant(xi), xi_momentum=tf.constant(r_xi), z_theta=[tf.constant(0.2), tf.constant(0.3)],
-        z_xi=tf.constant(0.7), abf_mean_force=tf.constant(abf_mean), abf_visits=tf.fill([10], tf.constant(4, tf.int64)),
+        # Thermostats and ABF means are float64 (keras_thermo.samplers.integrators).
+        xi=tf.constant(xi), xi_momentum=tf.constant(r_xi),
+        z_theta=[tf.constant(0.2, tf.float64), tf.constant(0.3, tf.float64)], z_xi=tf.constant(0.7, tf.float64),
+        abf_mean_force=tf.constant(abf_mean, tf.float64), abf_visits=tf.fill([10], tf.constant(4, tf.int64)),
     )
     force = [tf.constant([1.0, 2.0]), tf.constant([[-0.5]])]
     potential = 7.0

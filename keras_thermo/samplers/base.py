@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from keras_thermo import random as kt_random
 from keras_thermo._validation import check_optional_positive, check_positive
+from keras_thermo.samplers import integrators
 
 Tensors = list[tf.Tensor]
 
@@ -23,7 +24,8 @@ class StepContext(NamedTuple):
     """What the trainer knows about the current step, besides parameters, state and force.
 
     Attributes:
-        temperature: T; the target density is `exp(-U / T)`.
+        temperature: T (a float, or the model's float32 scalar tensor); the target density is
+            `exp(-U / T)`.
         num_examples: N, the training-set size.
         batch_size: n of this minibatch (float32 scalar tensor).
         potential: U of this minibatch (float32 scalar tensor).
@@ -78,15 +80,55 @@ class Sampler:
     needs_per_example_gradients: bool = False
 
     def __init__(self, step_size: float | keras.optimizers.schedules.LearningRateSchedule):
-        if isinstance(step_size, keras.optimizers.schedules.LearningRateSchedule):
-            self.step_size = step_size
-        elif isinstance(step_size, (int, float)) and not isinstance(step_size, bool):
-            self.step_size = check_positive("step_size", step_size)
-        else:
-            raise TypeError(
-                f"`step_size` must be a positive float or a keras LearningRateSchedule, got "
-                f"{step_size!r} ({type(step_size).__name__})."
-            )
+        self._step_size_variable = None
+        self.step_size = step_size
+
+    @property
+    def step_size(self) -> float | keras.optimizers.schedules.LearningRateSchedule:
+        """h: a float or a `LearningRateSchedule`.
+
+        A float step size may be changed at any time, also between or during `fit` calls (e.g.
+        from a callback): once a `BayesianModel` has bound it to a variable (`bind_step_size`),
+        the compiled step reads that variable, and checkpoints keep it. A schedule is traced into
+        the step and cannot be swapped for a float (or back) after binding.
+        """
+        if self._step_size_variable is not None:
+            return float(self._step_size_variable.numpy())
+        return self._step_size
+
+    @step_size.setter
+    def step_size(self, value) -> None:
+        is_schedule = isinstance(value, keras.optimizers.schedules.LearningRateSchedule)
+        if not is_schedule:
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise TypeError(
+                    f"`step_size` must be a positive float or a keras LearningRateSchedule, got "
+                    f"{value!r} ({type(value).__name__})."
+                )
+            value = check_positive("step_size", value)
+        if self._step_size_variable is not None:
+            if is_schedule:
+                raise ValueError(
+                    f"`step_size` of {type(self).__name__} is a float bound to a model's variable; "
+                    f"it can be set to another positive float, not to the schedule {value!r}. "
+                    "Build a new sampler (and BayesianModel) to use a schedule."
+                )
+            self._step_size_variable.assign(value)
+        self._step_size = value
+
+    def bind_step_size(self, variable) -> None:
+        """Makes `step_size_at` read a float step size from `variable` (created by the model).
+
+        Called by `BayesianModel` when it creates the sampler state; a schedule is not bound.
+        """
+        if isinstance(self._step_size, keras.optimizers.schedules.LearningRateSchedule):
+            raise ValueError(f"{type(self).__name__} has a step-size schedule; there is no float to bind.")
+        self._step_size_variable = variable
+
+    @property
+    def has_bound_step_size(self) -> bool:
+        """Whether a model's variable holds this sampler's float step size."""
+        return self._step_size_variable is not None
 
     # --- to be provided by subclasses -------------------------------------------------------
 
@@ -108,9 +150,11 @@ class Sampler:
 
     def step_size_at(self, step: tf.Tensor) -> tf.Tensor:
         """The step size h at `step` (float32 scalar)."""
-        if isinstance(self.step_size, keras.optimizers.schedules.LearningRateSchedule):
-            return tf.cast(self.step_size(step), tf.float32)
-        return tf.constant(self.step_size, tf.float32)
+        if isinstance(self._step_size, keras.optimizers.schedules.LearningRateSchedule):
+            return tf.cast(self._step_size(step), tf.float32)
+        if self._step_size_variable is not None:
+            return tf.cast(tf.convert_to_tensor(self._step_size_variable), tf.float32)
+        return tf.constant(self._step_size, tf.float32)
 
     def is_sample(self, state: NamedTuple) -> tf.Tensor:
         """Whether the step that produced `state` yields a posterior sample."""
@@ -137,8 +181,8 @@ class Sampler:
 
 class ThermostatSampler(Sampler):
     """Shared parts of the samplers with momentum `p`, friction A and a thermostat `xi`
-    (SGNHT, CCAdL, mCCAdL): argument checks, `p_0 ~ N(0, T M)`, `xi_0 = A`, and the keyword
-    bundles of the O and D steps."""
+    (SGNHT, CCAdL, mCCAdL): argument checks, `p_0 ~ N(0, T M)`, `xi_0 = A` (float64, see
+    `integrators`), and the keyword bundles of the O and D steps."""
 
     def __init__(self, step_size, friction: float = 1.0, thermal_mass: float | None = None, mass: float = 1.0):
         super().__init__(step_size)
@@ -148,7 +192,7 @@ class ThermostatSampler(Sampler):
 
     def initial_momentum_and_xi(self, params, *, temperature: float, seed: int):
         momentum = sample_momentum(params, seed=seed, temperature=temperature, mass=self.mass)
-        return momentum, tf.constant(self.friction, tf.float32)
+        return momentum, tf.constant(self.friction, integrators.THERMOSTAT_DTYPE)
 
     def ou_kwargs(self, context: StepContext) -> dict:
         """Keyword arguments of `integrators.ornstein_uhlenbeck` / `euler_momentum`."""

@@ -9,7 +9,13 @@ force, which it estimates from the per-example gradients of each minibatch (DESI
     theta += h M^-1 p,
     xi   += (h / mu) (p.M^-1.p - Nd T),
 
-with `Gc` the centered per-example gradients `[n, Nd]` and `beta = 1/T`. The paper's listing moves
+with `Gc` the centered per-example gradients `[n, Nd]` and `beta = 1/T`. The paper leaves the
+weights `k_t` to the user; `covariance_window=W` uses `k_t = max(1/t, 1/W)`, an exponential average
+over about the last W steps, which forgets the covariance seen during burn-in (the 1/t average
+keeps the noise of the starting point forever, and from an initialisation far from the posterior
+that can keep `(h^2/2) beta ||Sigma||` above the stability limit). `I_t` is accumulated in float64:
+in float32 a 1/t update is quantised by ~5% at t = 1e6 and stops moving near t = 1e7. The paper's
+listing moves
 theta first and then evaluates the force at the new theta; here the force arrives with the step
 (evaluated at the current theta, like `V`), so the same cycle starts at the momentum update and the
 order is that of SGNHT's Euler integrator: p, theta, xi.
@@ -41,8 +47,8 @@ from keras_thermo.samplers.base import (
     require_per_example_gradients,
 )
 
-#: Default largest Nd for `covariance="full"`: the [Nd, Nd] float32 moving average then takes
-#: 16 MB and its update costs ~4e6 multiply-adds per step.
+#: Default largest Nd for `covariance="full"`: the [Nd, Nd] float64 moving average then takes
+#: 32 MB and its update costs ~4e6 multiply-adds per step.
 DEFAULT_MAX_FULL_PARAMS = 2000
 
 
@@ -50,7 +56,7 @@ class CCAdLState(NamedTuple):
     """Step counter, momenta, thermostat and the moving-average gradient covariance `I_t`.
 
     `covariance` is a per-variable list of variances (`"diag"`) or one `[Nd, Nd]` matrix
-    (`"full"`), without the `N^2 / n` factor.
+    (`"full"`), without the `N^2 / n` factor, in float64 (module doc).
     """
 
     step: tf.Tensor
@@ -81,6 +87,9 @@ class CCAdL(ThermostatSampler):
         mass: Scalar mass M > 0.
         max_full_params: Largest Nd accepted with `covariance="full"` (default 2000); a larger
             model is refused when the sampler state is created.
+        covariance_window: None (default) for the paper's running mean `k_t = 1/t` over every
+            step, or an integer W >= 1 for `k_t = max(1/t, 1/W)`: the running mean for the first
+            W steps, then an exponential average over about the last W, which forgets burn-in.
 
     Example:
         >>> import keras_thermo as kt
@@ -105,10 +114,14 @@ class CCAdL(ThermostatSampler):
         thermal_mass: float | None = None,
         mass: float = 1.0,
         max_full_params: int = DEFAULT_MAX_FULL_PARAMS,
+        covariance_window: int | None = None,
     ):
         super().__init__(step_size, friction=friction, thermal_mass=thermal_mass, mass=mass)
         self.covariance = check_choice("covariance", covariance, ("diag", "full"))
         self.max_full_params = check_int("max_full_params", max_full_params, low=1)
+        self.covariance_window = (
+            None if covariance_window is None else check_int("covariance_window", covariance_window, low=1)
+        )
 
     def init(self, params: Sequence[tf.Tensor], *, temperature: float, seed: int) -> CCAdLState:
         num_params = num_scalars(params)
@@ -121,33 +134,41 @@ class CCAdL(ThermostatSampler):
                     "MCCAdL (never forms the matrix), or raise max_full_params if "
                     f"{num_params}x{num_params} floats fit in memory."
                 )
-            average = tf.zeros([num_params, num_params], tf.float32)
+            average = tf.zeros([num_params, num_params], integrators.THERMOSTAT_DTYPE)
         else:
-            average = [tf.zeros_like(tf.cast(p, tf.float32)) for p in params]
+            average = [tf.zeros(p.shape, integrators.THERMOSTAT_DTYPE) for p in params]
         momentum, xi = self.initial_momentum_and_xi(params, temperature=temperature, seed=seed)
         return CCAdLState(step=tf.constant(0, tf.int64), momentum=momentum, xi=xi, covariance=average)
 
+    def average_weight(self, step: tf.Tensor) -> tf.Tensor:
+        """`k_t` (float64) of the step whose state has counter `step` (t = step + 1)."""
+        weight = 1.0 / tf.cast(step + 1, integrators.THERMOSTAT_DTYPE)
+        if self.covariance_window is None:
+            return weight
+        return tf.maximum(weight, tf.constant(1.0 / self.covariance_window, integrators.THERMOSTAT_DTYPE))
+
     def _moving_average(self, state: CCAdLState, per_example, params):
-        """`I_t = (1 - 1/t) I_{t-1} + (1/t) V(theta_t)`, t = 1 on the first step."""
-        weight = 1.0 / tf.cast(state.step + 1, tf.float32)
+        """`I_t = (1 - k_t) I_{t-1} + k_t V(theta_t)` in float64."""
+        weight = self.average_weight(state.step)
+        f64 = integrators.THERMOSTAT_DTYPE
         if self.covariance == "full":
-            current = per_example.full_covariance()
+            current = tf.cast(per_example.full_covariance(), f64)
             return (1.0 - weight) * state.covariance + weight * current
         current = kt_grads.unflatten(per_example.diagonal_covariance(), params)
-        return [(1.0 - weight) * old + weight * new for old, new in zip(state.covariance, current)]
+        return [(1.0 - weight) * old + weight * tf.cast(new, f64) for old, new in zip(state.covariance, current)]
 
     def _covariance_times(self, average, momentum, params) -> list[tf.Tensor]:
-        """`I_t p`, per variable."""
+        """`I_t p`, per variable (float32, like the momenta)."""
         if self.covariance == "full":
-            product = tf.linalg.matvec(average, kt_grads.flatten(momentum))
+            product = tf.linalg.matvec(integrators.as_float32(average), kt_grads.flatten(momentum))
             return kt_grads.unflatten(product, params)
-        return [var * p for var, p in zip(average, momentum)]
+        return [integrators.as_float32(var) * p for var, p in zip(average, momentum)]
 
     @staticmethod
     def _trace(average) -> tf.Tensor:
         if isinstance(average, (list, tuple)):
-            return tf.add_n([tf.reduce_sum(v) for v in average])
-        return tf.linalg.trace(average)
+            return integrators.as_float32(tf.add_n([tf.reduce_sum(v) for v in average]))
+        return integrators.as_float32(tf.linalg.trace(average))
 
     def update(self, state: CCAdLState, params, force, context: StepContext):
         per_example = require_per_example_gradients(context, "CCAdL")
@@ -171,11 +192,16 @@ class CCAdL(ThermostatSampler):
         diagnostics = {
             "kinetic_temperature": integrators.kinetic_temperature(momentum, self.mass, num_params),
             "step_size": h,
-            "xi": xi,
+            "xi": integrators.as_float32(xi),
             "noise_scale": sigma_scale * self._trace(average) / float(num_params),
         }
         new_state = CCAdLState(step=state.step + 1, momentum=momentum, xi=xi, covariance=average)
         return new_params, new_state, diagnostics
 
     def get_config(self):
-        return {**super().get_config(), "covariance": self.covariance, "max_full_params": self.max_full_params}
+        return {
+            **super().get_config(),
+            "covariance": self.covariance,
+            "max_full_params": self.max_full_params,
+            "covariance_window": self.covariance_window,
+        }

@@ -5,11 +5,16 @@ Names follow the splitting literature (Leimkuhler & Matthews; Wei & Shang 2026, 
 - B `kick`:        p += tau F
 - A `drift`:       theta += tau M^-1 p
 - O `ornstein_uhlenbeck`: exact flow of dp = -xi p dt + sqrt(2 A T) M^1/2 dW over tau
-- D `thermostat`:  xi += (tau / mu) (p.M^-1.p - Nd T)
+- D `thermostat`:  xi += (tau / mu) (p.M^-1.p - Nd T), accumulated in float64
 - `euler_momentum`: the Euler step of SGHMC/SGNHT, p += h F - h xi p + sqrt(2 A T h) M^1/2 R
 - `symmetric_step`: the splitting B A O D [C] D O A B of SGNHT (symmetric) and mCCAdL
 
 Samplers are sequences of these; a newcomer finds each rule here, once.
+
+Thermostats are float64 scalars. With the paper configs' friction (xi ~ A = 434-1061) and step
+sizes (h ~ 1.3e-4) one D step moves xi by `h (K - T)`, which is below half a float32 ulp of xi
+unless the kinetic temperature is off by 13-43%: a float32 thermostat would stay frozen at A and
+turn SGNHT into SGHMC. Momenta and weights stay float32; xi is cast where it multiplies them.
 """
 
 from __future__ import annotations
@@ -21,6 +26,14 @@ import tensorflow as tf
 from keras_thermo.random import STREAM_MOMENTUM, STREAM_MOMENTUM_2
 
 Tensors = list[tf.Tensor]
+
+#: dtype of every thermostat variable (xi, TACT-HMC's z) and running average (see module doc).
+THERMOSTAT_DTYPE = tf.float64
+
+
+def as_float32(value) -> tf.Tensor:
+    """A float64 thermostat value (or a Python number) as float32, to multiply momenta with."""
+    return tf.cast(value, tf.float32)
 
 
 def kick(momentum: Sequence[tf.Tensor], force: Sequence[tf.Tensor], tau) -> Tensors:
@@ -39,7 +52,7 @@ def ou_noise_std(xi, tau, noise_friction, temperature: float):
     Continuous in xi: tends to `sqrt(2 A T tau)` at xi = 0, and stays real for xi < 0 (both
     the numerator and the denominator change sign).
     """
-    xi = tf.convert_to_tensor(xi, tf.float32)
+    xi = as_float32(xi)
     two_tau = 2.0 * tau
     small = tf.abs(xi * two_tau) < 1e-4
     safe_xi = tf.where(small, tf.ones_like(xi), xi)
@@ -69,7 +82,7 @@ def ornstein_uhlenbeck(
         temperature: T.
         mass: Scalar M.
     """
-    decay = tf.exp(-tf.cast(xi, tf.float32) * tau)
+    decay = tf.exp(-as_float32(xi) * tau)
     std = ou_noise_std(xi, tau, noise_friction, temperature) * mass**0.5
     return [decay * p + std * r for p, r in zip(momentum, noise)]
 
@@ -87,7 +100,8 @@ def euler_momentum(
 ) -> Tensors:
     """Euler momentum step: `p + h F - h xi p + sqrt(2 A T h) M^1/2 R`."""
     std = tf.sqrt(2.0 * noise_friction * temperature * h * mass)
-    return [p + h * f - h * xi * p + std * r for p, f, r in zip(momentum, force, noise)]
+    friction = h * as_float32(xi)
+    return [p + h * f - friction * p + std * r for p, f, r in zip(momentum, force, noise)]
 
 
 def twice_kinetic_energy(momentum: Sequence[tf.Tensor], mass: float) -> tf.Tensor:
@@ -110,9 +124,14 @@ def thermostat(
     temperature: float,
     mass: float,
 ) -> tf.Tensor:
-    """D: `xi + (tau / mu) (p.M^-1.p - Nd T)`: rises when the system runs hotter than T."""
-    excess = twice_kinetic_energy(momentum, mass) - num_params * temperature
-    return xi + (tau / thermal_mass) * excess
+    """D: `xi + (tau / mu) (p.M^-1.p - Nd T)`: rises when the system runs hotter than T.
+
+    Returns a float64 scalar: the increment is formed and added in float64 (module doc), so a
+    1% temperature error moves xi even when xi is in the hundreds.
+    """
+    f64 = THERMOSTAT_DTYPE
+    excess = tf.cast(twice_kinetic_energy(momentum, mass), f64) - num_params * tf.cast(temperature, f64)
+    return tf.cast(xi, f64) + (tf.cast(tau, f64) / thermal_mass) * excess
 
 
 def opening_kick_scale(step: tf.Tensor) -> tf.Tensor:
@@ -139,8 +158,9 @@ def symmetric_step(state, params, force, h, context, *, ou_kwargs, thermostat_kw
         covariance_step: Optional `momentum -> (momentum, extras)`, the C step.
 
     Returns:
-        `(params, momentum, xi, thermostat_momentum, extras)`; `thermostat_momentum` is the
-        momentum the first D step saw, whose kinetic temperature the thermostat controls.
+        `(params, momentum, xi, kinetic_temperature, extras)`. `kinetic_temperature` is the mean
+        of the kinetic temperatures the two D steps see (before and after C), whose average over
+        the run the thermostat holds at T: the value to log. Without a C step both are the same.
     """
     half = 0.5 * h
     mass = ou_kwargs["mass"]
@@ -149,13 +169,15 @@ def symmetric_step(state, params, force, h, context, *, ou_kwargs, thermostat_kw
     new_params = drift(params, momentum, half, mass)  # A
     noise = context.normal(state.step, params, STREAM_MOMENTUM)
     momentum = ornstein_uhlenbeck(momentum, noise, state.xi, half, **ou_kwargs)  # O
-    thermostat_momentum = momentum
+    num_params = thermostat_kwargs["num_params"]
+    kinetic = kinetic_temperature(momentum, mass, num_params)
     xi = thermostat(state.xi, momentum, half, **thermostat_kwargs)  # D
     extras = None
     if covariance_step is not None:
         momentum, extras = covariance_step(momentum)  # C
+        kinetic = 0.5 * (kinetic + kinetic_temperature(momentum, mass, num_params))
     xi = thermostat(xi, momentum, half, **thermostat_kwargs)  # D
     noise = context.normal(state.step, params, STREAM_MOMENTUM_2)
     momentum = ornstein_uhlenbeck(momentum, noise, xi, half, **ou_kwargs)  # O
     new_params = drift(new_params, momentum, half, mass)  # A; the closing B opens the next step
-    return new_params, momentum, xi, thermostat_momentum, extras
+    return new_params, momentum, xi, kinetic, extras

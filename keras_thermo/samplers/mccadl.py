@@ -143,16 +143,17 @@ class MCCAdL(ThermostatSampler):
             momentum, matvecs, method_code = covariance_step(momentum, centered, tau, self.expm)
             return momentum, (matvecs, method_code)
 
-        new_params, momentum, xi, thermostat_momentum, (matvecs, method_code) = integrators.symmetric_step(
+        new_params, momentum, xi, kinetic, (matvecs, method_code) = integrators.symmetric_step(
             state, params, force, h, context, ou_kwargs=self.ou_kwargs(context),
             thermostat_kwargs=self.thermostat_kwargs(params, context), covariance_step=c_step,
         )
 
         noise_trace = sigma_scale * per_example.covariance_trace()
         diagnostics = {
-            "kinetic_temperature": integrators.kinetic_temperature(thermostat_momentum, self.mass, num_params),
+            # The mean of the D steps' values (before and after C), which xi holds at T.
+            "kinetic_temperature": kinetic,
             "step_size": h,
-            "xi": xi,
+            "xi": integrators.as_float32(xi),
             "noise_scale": noise_trace / float(num_params),
             "expm_matvecs": tf.cast(matvecs, tf.float32),
             "expm_method": tf.cast(method_code, tf.float32),

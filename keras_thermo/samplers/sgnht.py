@@ -77,18 +77,16 @@ class SGNHT(ThermostatSampler):
             momentum = integrators.euler_momentum(state.momentum, force, noise, state.xi, h, **ou_kwargs)
             new_params = integrators.drift(params, momentum, h, self.mass)
             xi = integrators.thermostat(state.xi, momentum, h, **thermostat_kwargs)
-            thermostat_momentum = momentum
+            kinetic = integrators.kinetic_temperature(momentum, self.mass, thermostat_kwargs["num_params"])
         else:
-            new_params, momentum, xi, thermostat_momentum, _ = integrators.symmetric_step(
+            new_params, momentum, xi, kinetic, _ = integrators.symmetric_step(
                 state, params, force, h, context, ou_kwargs=ou_kwargs, thermostat_kwargs=thermostat_kwargs
             )
         diagnostics = {
             # At the point the thermostat sees: it averages T exactly once xi is stationary.
-            "kinetic_temperature": integrators.kinetic_temperature(
-                thermostat_momentum, self.mass, thermostat_kwargs["num_params"]
-            ),
+            "kinetic_temperature": kinetic,
             "step_size": h,
-            "xi": xi,
+            "xi": integrators.as_float32(xi),
         }
         return new_params, SGNHTState(step=state.step + 1, momentum=momentum, xi=xi), diagnostics
 

@@ -77,9 +77,14 @@ class TACTHMCState(NamedTuple):
         momentum: r_theta, one tensor per trainable variable (displacement of one step).
         xi: The tempering variable (float32 scalar).
         xi_momentum: r_xi (float32 scalar).
-        z_theta: Thermostat of theta: a float32 scalar, or one per trainable variable.
-        z_xi: Thermostat of xi (float32 scalar).
-        abf_mean_force: `[num_bins]` running mean of `lambda'(xi) U` in each bin of xi.
+        z_theta: Thermostat of theta: a float64 scalar, or one per trainable variable.
+        z_xi: Thermostat of xi (float64 scalar).
+        abf_mean_force: `[num_bins]` float64 running mean of `lambda'(xi) U` in each bin of xi.
+
+    The thermostats and running means are float64 for the reason given in
+    `keras_thermo.samplers.integrators`: with the paper's `eta ~ 1e-8` and `c ~ 0.1` one update of
+    `z_theta` is ~1e-8 times the relative temperature error, below a float32 ulp of z unless that
+    error exceeds 14-37%.
         abf_visits: `[num_bins]` int64 visits of each bin (the running means' counts).
     """
 
@@ -288,35 +293,40 @@ class TACTHMC(Sampler):
             xi_momentum = tf.sqrt(self.xi_step_size_at(step) * temperature) * draw
         else:
             xi_momentum = tf.constant(0.0, tf.float32)
+        f64 = integrators.THERMOSTAT_DTYPE
         if self.per_variable_thermostat:
-            z_theta = [tf.constant(self.noise, tf.float32) for _ in params]
+            z_theta = [tf.constant(self.noise, f64) for _ in params]
         else:
-            z_theta = tf.constant(self.noise, tf.float32)
+            z_theta = tf.constant(self.noise, f64)
         return TACTHMCState(
             step=step,
             momentum=momentum,
             xi=tf.constant(0.0, tf.float32),
             xi_momentum=xi_momentum,
             z_theta=z_theta,
-            z_xi=tf.constant(self.xi_noise, tf.float32),
-            abf_mean_force=tf.zeros([self.num_bins], tf.float32),
+            z_xi=tf.constant(self.xi_noise, f64),
+            abf_mean_force=tf.zeros([self.num_bins], f64),
             abf_visits=tf.zeros([self.num_bins], tf.int64),
         )
 
     def _theta_thermostat(self, z_theta, momentum, lam_sq, eta, temperature):
-        """Listing line 6: `z += lambda^2 (|r|^2 / dim - eta T) / gamma` (per tensor if asked)."""
+        """Listing line 6: `z += lambda^2 (|r|^2 / dim - eta T) / gamma` (per tensor if asked),
+        the increment formed and added in float64."""
         if not self.thermostat:
             return z_theta
+        f64 = integrators.THERMOSTAT_DTYPE
+        target = tf.cast(eta, f64) * tf.cast(temperature, f64)
+        rate = tf.cast(lam_sq, f64) / self.thermal_inertia
         if self.per_variable_thermostat:
             return [
-                z + lam_sq * (tf.reduce_mean(tf.square(r)) - eta * temperature) / self.thermal_inertia
+                z + rate * (tf.cast(tf.reduce_mean(tf.square(r)), f64) - target)
                 for z, r in zip(z_theta, momentum)
             ]
         mean_square = integrators.twice_kinetic_energy(momentum, 1.0) / float(num_scalars(momentum))
-        return z_theta + lam_sq * (mean_square - eta * temperature) / self.thermal_inertia
+        return z_theta + rate * (tf.cast(mean_square, f64) - target)
 
     def update(self, state: TACTHMCState, params, force, context: StepContext):
-        temperature = float(context.temperature)
+        temperature = tf.cast(context.temperature, tf.float32)
         eta = self.step_size_at(state.step)
         num_params = num_scalars(params)
         lam, dlam = self.coupling(state.xi)
@@ -330,7 +340,7 @@ class TACTHMC(Sampler):
         noise = context.normal(state.step, params, kt_random.STREAM_MOMENTUM)
         noise_std = tf.sqrt(2.0 * self.noise * eta * temperature)
         momentum = [
-            self._friction(r, lam_sq * z) + lam * (eta * tf.cast(f, r.dtype) + noise_std * n)
+            self._friction(r, lam_sq * integrators.as_float32(z)) + lam * (eta * tf.cast(f, r.dtype) + noise_std * n)
             for r, z, f, n in zip(state.momentum, z_per_variable, force, noise)
         ]
         new_params = [theta + r for theta, r in zip(params, momentum)]
@@ -341,14 +351,16 @@ class TACTHMC(Sampler):
             eta_xi = self.xi_step_size_at(state.step)
             dlam_sq = tf.square(dlam)
             if self.thermostat:
-                z_xi = z_xi + dlam_sq * (tf.square(xi_momentum) - eta_xi * temperature) / self.xi_thermal_inertia
+                f64 = integrators.THERMOSTAT_DTYPE
+                excess = tf.cast(tf.square(xi_momentum), f64) - tf.cast(eta_xi, f64) * tf.cast(temperature, f64)
+                z_xi = z_xi + tf.cast(dlam_sq, f64) * excess / self.xi_thermal_inertia
             potential = tf.cast(context.potential, tf.float32)
             xi_noise = context.normal(state.step, [xi], kt_random.STREAM_TEMPERING)[0]
             kick = -dlam * (eta_xi * potential + tf.sqrt(2.0 * self.xi_noise * eta_xi * temperature) * xi_noise)
             index = bin_index(xi, wall=self.wall, num_bins=self.num_bins)
             if self.abf:
-                kick += eta_xi * tf.gather(abf_mean_force, index)
-            xi_momentum = self._friction(xi_momentum, dlam_sq * z_xi) + kick  # line 11
+                kick += eta_xi * integrators.as_float32(tf.gather(abf_mean_force, index))
+            xi_momentum = self._friction(xi_momentum, dlam_sq * integrators.as_float32(z_xi)) + kick  # line 11
             # The mean of dH/dxi = lambda'(xi) U per bin, i.e. the free-energy gradient (line 13).
             abf_mean_force, abf_visits = running_mean_update(abf_mean_force, abf_visits, index, dlam * potential)
             xi, xi_momentum = reflect_into_well(xi + xi_momentum, xi_momentum, self.wall)
@@ -369,8 +381,10 @@ class TACTHMC(Sampler):
             "step_size": eta,
             "xi": xi,
             "effective_temperature": temperature / new_lam,
-            "z_theta": tf.reduce_mean(tf.stack(z_per_variable)) if self.per_variable_thermostat else z_theta,
-            "z_xi": z_xi,
+            "z_theta": integrators.as_float32(
+                tf.reduce_mean(tf.stack(z_per_variable)) if self.per_variable_thermostat else z_theta
+            ),
+            "z_xi": integrators.as_float32(z_xi),
             "on_plateau": tf.cast(self.is_sample(new_state), tf.float32),
         }
         return new_params, new_state, diagnostics
