@@ -15,9 +15,12 @@ quantities it needs are gathered once per step instead (see `keras_thermo.grads`
 
 from __future__ import annotations
 
+import itertools
+import threading
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 
 
 def _replica_context():
@@ -108,6 +111,49 @@ class CrossReplica:
 
         pairs = [(_tf_variable(variable), value) for variable, value in zip(variables, values)]
         self._context.merge_call(assign_on_each_device, args=(pairs,))
+
+
+# Group keys handed to single-worker MirroredStrategy objects by `isolate_collectives`: far above
+# the small keys TensorFlow starts every strategy at (1, 2, ...), one block per strategy.
+_GROUP_KEY_BASE = 1 << 20
+_GROUP_KEY_STRIDE = 1 << 8
+_group_key_blocks = itertools.count(0)
+_isolation_lock = threading.Lock()
+_ISOLATED_ATTRIBUTE = "_keras_thermo_isolated_collectives"
+
+
+def isolate_collectives(strategy) -> bool:
+    """Gives a single-worker `MirroredStrategy` collective keys no other strategy in the process uses.
+
+    Every `MirroredStrategy` numbers its collectives from the same start: group key 1, instance
+    keys 100, 101, ... counting up with each step. The process keeps one collective runtime,
+    which remembers the kind (all-reduce, gather), dtype and shape registered for each
+    (group key, instance key). A second strategy over the same devices (a re-run notebook cell,
+    a second test) reuses the first one's keys for other collectives, and the runtime refuses
+    them, e.g. `InternalError: Collective instance 101 expected type 0 and data_type 1 but got
+    type 2 and data_type 3` at mCCAdL's all-gather. Here the strategy's collective ops are
+    rebuilt on a group key of their own, so its instance keys start a fresh table.
+
+    Done once per strategy, before its collectives are traced for a `BayesianModel`; functions
+    traced earlier keep the keys they captured (still distinct from every other strategy's).
+    Strategies spanning several workers are left alone: their keys must agree across processes.
+    Returns whether the strategy's keys were changed.
+    """
+    if not isinstance(strategy, tf.distribute.MirroredStrategy):
+        return False
+    extended = strategy.extended
+    collective_ops = getattr(extended, "_collective_ops", None)
+    if not isinstance(collective_ops, cross_device_ops_lib.CollectiveAllReduce):
+        return False  # a fallback (mixed CPU and GPU devices) that uses no collective keys
+    with _isolation_lock:
+        if getattr(extended, _ISOLATED_ATTRIBUTE, False):
+            return False
+        extended._collective_key_base = _GROUP_KEY_BASE + _GROUP_KEY_STRIDE * next(_group_key_blocks)
+        extended._collective_ops = extended._make_collective_ops_with_fallbacks()
+        if extended._cross_device_ops is collective_ops:  # the default: collectives for everything
+            extended._cross_device_ops = extended._collective_ops
+        setattr(extended, _ISOLATED_ATTRIBUTE, True)
+    return True
 
 
 def replica_local_variable(initial_value, name: str) -> tf.Variable:

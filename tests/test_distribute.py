@@ -14,7 +14,6 @@ apply the same operations to the same reduced inputs.
 `tests/conftest.py` splits the CPU into two logical devices before TensorFlow starts.
 """
 
-import functools
 import glob
 import os
 
@@ -45,19 +44,14 @@ SAMPLER_CONFIGS = {
 }
 
 
-@functools.lru_cache(maxsize=None)
-def _shared_strategy():
-    # One strategy for the whole session: strategies created one after another in a process
-    # can pick the same collective keys, and a later run then mismatches an earlier's.
-    devices = [device.name for device in tf.config.list_logical_devices("CPU")][:2]
-    return tf.distribute.MirroredStrategy(devices) if len(devices) == 2 else None
-
-
 def _strategy():
-    strategy = _shared_strategy()
-    if strategy is None:
+    # A new strategy for every test, as a user re-running a cell would create: strategies
+    # created one after another number their collectives from the same keys, and BayesianModel
+    # gives each one keys of its own (tests/test_distribute_strategies.py).
+    devices = [device.name for device in tf.config.list_logical_devices("CPU")][:2]
+    if len(devices) < 2:
         pytest.skip("needs the two logical CPU devices set up by tests/conftest.py")
-    return strategy
+    return tf.distribute.MirroredStrategy(devices)
 
 
 def _arrays():
