@@ -189,7 +189,7 @@ def test_initial_momentum_is_maxwellian():
         kt.samplers.SGHMC(0.01, friction=2.0, mass=3.0),
         kt.samplers.SGNHT(0.02, friction=0.5, thermal_mass=7.0, mass=2.0, integrator="symmetric"),
         kt.samplers.CCAdL(2e-3, friction=3.0, covariance="full", thermal_mass=9.0, mass=2.0, max_full_params=50),
-        kt.samplers.CCAdL(keras.optimizers.schedules.ExponentialDecay(1e-3, 100, 0.9)),
+        kt.samplers.CCAdL(keras.optimizers.schedules.ExponentialDecay(1e-3, 100, 0.9), covariance_window=500),
         kt.samplers.MCCAdL(2e-3, friction=0.5, thermal_mass=4.0, mass=3.0, expm="taylor"),
     ],
     ids=["sgld", "sghmc", "sgnht", "ccadl", "ccadl-schedule", "mccadl"],
@@ -230,6 +230,8 @@ BAD_INPUTS = [
     (kt.samplers.CCAdL, {"step_size": 1e-3, "mass": float("inf")}, ValueError, ["mass", "finite"]),
     (kt.samplers.CCAdL, {"step_size": 1e-3, "max_full_params": 0}, ValueError, ["max_full_params", "0", ">= 1"]),
     (kt.samplers.CCAdL, {"step_size": 1e-3, "max_full_params": 2.5}, TypeError, ["max_full_params", "2.5", "integer"]),
+    (kt.samplers.CCAdL, {"step_size": 1e-3, "covariance_window": 0}, ValueError, ["covariance_window", "0", ">= 1"]),
+    (kt.samplers.CCAdL, {"step_size": 1e-3, "covariance_window": 1e3}, TypeError, ["covariance_window", "1000.0", "integer"]),
     (kt.samplers.MCCAdL, {"step_size": -1e-3}, ValueError, ["step_size", "-0.001"]),
     (kt.samplers.MCCAdL, {"step_size": 1e-3, "friction": "high"}, TypeError, ["friction", "'high'"]),
     (kt.samplers.MCCAdL, {"step_size": 1e-3, "mass": 0}, ValueError, ["mass", "0"]),
@@ -243,3 +245,17 @@ def test_bad_inputs_name_argument_value_and_range(constructor, kwargs, error, wo
         constructor(**kwargs)
     for word in words:
         assert word in str(info.value)
+
+
+def test_a_float_step_size_can_be_changed_but_not_swapped_for_a_schedule_once_bound():
+    sampler = kt.samplers.SGHMC(0.01)
+    variable = tf.Variable(0.01)
+    sampler.bind_step_size(variable)
+    sampler.step_size = 0.02
+    assert float(variable.numpy()) == pytest.approx(0.02) and sampler.step_size == pytest.approx(0.02)
+    assert float(sampler.step_size_at(tf.constant(5, tf.int64))) == pytest.approx(0.02)
+    with pytest.raises(ValueError, match="step_size.*0.0"):
+        sampler.step_size = 0.0
+    with pytest.raises(ValueError, match="schedule"):
+        sampler.step_size = kt.schedules.PolynomialDecay(0.1, 1.0, 0.5)
+    assert sampler.get_config()["step_size"] == pytest.approx(0.02)
