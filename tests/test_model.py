@@ -388,3 +388,94 @@ def test_recording_refuses_a_schedule_that_never_meets_tact_samples():
         model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[collector])
     # burn_in 20 with every_n 4 and K 10: gcd 2 divides 20, so steps 40, 60, ... are recorded.
     kt.callbacks.SampleCollector(burn_in_steps=20, every_n_steps=4)._check_sampling_period(model.sampler)
+
+
+# --- settings the compiled step reads from variables ------------------------------------------
+
+
+class _LogMeans(keras.callbacks.Callback):
+    def __init__(self, key):
+        super().__init__()
+        self.key, self.values = key, []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.values.append(float(logs[self.key]))
+
+
+def test_changing_temperature_after_the_first_fit_takes_effect():
+    """SGLD's kinetic temperature is ~T when the noise dominates the drift (eps |F|^2 / 4 Nd is
+    ~1e-3 here): it must follow T from 1 to 4 in the second fit. Each fit averages 50 steps of a
+    chi2 over Nd = 21 scalars (relative sd ~ sqrt(2 / (21 * 50)) = 4%), so a 30% band is 7 sd."""
+    x, y = _data()
+    model = _model(kt.samplers.SGLD(1e-4))
+    model.compile(loss="mse")
+    first, second = _LogMeans("kinetic_temperature"), _LogMeans("kinetic_temperature")
+    model.fit(x, y, batch_size=16, epochs=50 // 4, verbose=0, callbacks=[first])
+    model.temperature = 4.0
+    model.fit(x, y, batch_size=16, epochs=50 // 4, verbose=0, callbacks=[second])
+    assert np.mean(first.values) == pytest.approx(1.0, rel=0.3)
+    assert np.mean(second.values) == pytest.approx(4.0, rel=0.3)
+
+
+class _SetStepSize(keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch == 2:
+            self.model.sampler.step_size = 5e-3
+
+
+def test_step_size_set_from_a_callback_takes_effect_at_the_next_step_and_is_checkpointed(tmp_path):
+    x, y = _data()
+    model = _model(kt.samplers.SGNHT(1e-3))
+    model.compile(loss="mse")
+    logged = _LogMeans("step_size")
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[_SetStepSize(), logged])
+    np.testing.assert_allclose(logged.values, [1e-3, 1e-3, 5e-3, 5e-3], rtol=1e-6)
+    model.temperature = 0.5
+    path = str(tmp_path / "w.weights.h5")
+    model.save_weights(path)
+    fresh = _model(kt.samplers.SGNHT(1e-3))  # the original settings, then the saved weights
+    fresh.compile(loss="mse")
+    fresh.build((None, 3))
+    fresh.load_weights(path)
+    assert fresh.sampler.step_size == pytest.approx(5e-3) and fresh.temperature == 0.5
+    assert fresh.get_config()["temperature"] == 0.5
+    assert fresh.sampler.get_config()["step_size"] == pytest.approx(5e-3)
+
+
+def test_a_sampler_shared_by_two_models_keeps_their_step_sizes_apart():
+    x, y = _data()
+    sampler = kt.samplers.SGHMC(1e-3)
+    first, second = _model(sampler), _model(sampler)
+    for model in (first, second):
+        model.compile(loss="mse")
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    second.sampler.step_size = 2e-3
+    assert first.sampler.step_size == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize(
+    "callback", [keras.callbacks.LearningRateScheduler(lambda epoch: 1e-3), keras.callbacks.ReduceLROnPlateau()],
+    ids=["LearningRateScheduler", "ReduceLROnPlateau"],
+)
+def test_learning_rate_callbacks_are_refused_with_what_to_do(callback):
+    x, y = _data()
+    model = _model()
+    model.compile(loss="mse")
+    with pytest.raises(ValueError, match=f"{type(callback).__name__}.*no optimizer.*sampler.step_size"):
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[callback])
+
+
+def test_float64_weights_are_refused_naming_the_variable_and_dtype():
+    net = keras.Sequential([keras.Input((3,), dtype="float64"), keras.layers.Dense(1, dtype="float64")])
+    model = _model(net=net)
+    model.compile(loss="mse")
+    x, y = _data()
+    with pytest.raises(TypeError, match=r"float32 weights.*kernel.*'float64'"):
+        model.fit(x.astype("float64"), y.astype("float64"), batch_size=16, epochs=1, verbose=0)
+
+
+def test_temperature_setter_checks_its_value():
+    model = _model()
+    with pytest.raises(ValueError, match=r"`temperature` must be in \(0, inf\), got -2.0"):
+        model.temperature = -2.0
+    assert model.temperature == 1.0
