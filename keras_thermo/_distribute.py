@@ -16,6 +16,7 @@ quantities it needs are gathered once per step instead (see `keras_thermo.grads`
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 from typing import Any
 
@@ -80,6 +81,37 @@ class CrossReplica:
         if self._context is None:
             return value
         return self._context.all_gather(value, axis=0)
+
+    def check_even_split(self, global_batch_size: tf.Tensor, values: Any) -> Any:
+        """Fails the step (at run time) unless the global batch splits evenly over the replicas.
+
+        Returns `values` (a nest of tensors) behind the check: what is computed from them runs
+        only once the check passed, so a refused batch moves no variable.
+
+        Each replica's potential is its slice's mean loss over r, so the replicas' sum is the
+        global batch's mean only when the slices are equal; TensorFlow splits a global batch of
+        B examples evenly exactly when r divides B (else e.g. 8 + 7, or an empty slice).
+        `global_batch_size` is the all-reduced sum of the slices, the same on every replica, so
+        all replicas fail together and none is left waiting in a collective.
+        """
+        if self._context is None:
+            return values
+        replicas = self.num_replicas
+        size = tf.cast(global_batch_size, tf.int64)
+        check = tf.debugging.Assert(
+            tf.equal(size % replicas, 0),
+            [
+                "BayesianModel: a global batch of",
+                size,
+                f"examples does not split evenly over the {replicas} replicas of the tf.distribute "
+                f"strategy; every batch, the last of an epoch included, must hold a multiple of "
+                f"{replicas} examples (a batch_size and a number of training examples that are "
+                f"multiples of {replicas}, or drop_remainder=True in a tf.data pipeline).",
+            ],
+            name="check_even_split",
+        )
+        with tf.control_dependencies([check]):
+            return tf.nest.map_structure(tf.identity, values)
 
     def is_first_local_replica(self) -> tf.Tensor:
         """True on the first replica of this worker (where per-worker callbacks' buffers are
@@ -180,3 +212,91 @@ def is_distributed(variable) -> bool:
 def _tf_variable(variable):
     """The `tf.Variable` behind a Keras variable (what `strategy.extended.update` expects)."""
     return getattr(variable, "value", variable) if hasattr(variable, "_value") else variable
+
+
+def _replica_spec(spec):
+    """One replica's spec from a distributed dataset's element spec (a per-replica spec holds
+    one spec per local replica; they differ at most in the batch size)."""
+    value_specs = getattr(spec, "_value_specs", None)
+    return value_specs[0] if value_specs else spec
+
+
+def batch_spec(epoch_iterator):
+    """The structure of `tf.TensorSpec`s of one replica's batch, read from the dataset that a
+    Keras epoch iterator distributes, without creating an iterator over it.
+
+    Creating an iterator draws the next order of a reshuffled `tf.data` pipeline (and of numpy
+    inputs fitted with `shuffle=True`), so a batch drawn only to learn shapes would make epoch e
+    see the order of epoch e + 1. Returns None when the spec is not a structure of plain
+    tensor specs (the caller then falls back to drawing a batch).
+    """
+    dataset = getattr(epoch_iterator, "_distributed_dataset", None)
+    if dataset is None:
+        return None
+    spec = tf.nest.map_structure(_replica_spec, dataset.element_spec)
+    if not all(isinstance(leaf, tf.TensorSpec) for leaf in tf.nest.flatten(spec)):
+        return None
+    return spec
+
+
+def symbolic_inputs(dataset: tf.data.Dataset):
+    """Symbolic model inputs (`keras.KerasTensor`s) shaped like the `x` of `dataset`'s elements,
+    or None when they are not plain tensors. Reads the element spec only, so, unlike drawing a
+    first batch, it leaves the order of a reshuffled pipeline's epochs as it was."""
+    import keras  # noqa: PLC0415 (keras imports this module's users, not the other way)
+    from keras.src.trainers.data_adapters import data_adapter_utils  # noqa: PLC0415
+
+    inputs, _, _ = data_adapter_utils.unpack_x_y_sample_weight(dataset.element_spec)
+    leaves = tf.nest.flatten(inputs)
+    if not leaves or not all(isinstance(leaf, tf.TensorSpec) for leaf in leaves):
+        return None
+    return tf.nest.map_structure(lambda leaf: keras.KerasTensor(leaf.shape, leaf.dtype.name), inputs)
+
+
+def check_even_batches(replicas: int, x, batch_size=None, validation_split=0.0, steps_per_epoch=None) -> None:
+    """Refuses, before `fit` starts, global batches that cannot split evenly over `replicas`.
+
+    Checks what is known up front: `batch_size` and the last partial batch of array inputs, and
+    the static batch size of a `tf.data` pipeline batched with `drop_remainder=True`. Batches
+    whose size shows only at run time are checked in the train step (`check_even_split`).
+    """
+    if replicas <= 1:
+        return
+    allowed = f"a multiple of the {replicas} replicas of the tf.distribute strategy"
+    if isinstance(x, tf.data.Dataset):
+        sizes = {
+            leaf.shape[0]
+            for leaf in tf.nest.flatten(x.element_spec)
+            if isinstance(leaf, tf.TensorSpec) and leaf.shape.rank and leaf.shape[0] is not None
+        }
+        for size in sizes:
+            if size % replicas:
+                raise ValueError(
+                    f"The tf.data pipeline's batches hold {size} examples; under a strategy each "
+                    f"global batch must be {allowed}, so that every replica gets an equal slice. "
+                    f"Batch it with a multiple of {replicas}."
+                )
+        return
+    leaves = tf.nest.flatten(x)
+    if not leaves or not all(hasattr(leaf, "shape") and len(leaf.shape) > 0 for leaf in leaves):
+        return  # a generator or PyDataset: checked step by step
+    if batch_size is None:
+        batch_size = 32  # Keras' default for array inputs
+    if batch_size % replicas:
+        raise ValueError(
+            f"`batch_size` must be {allowed}, so that every replica gets an equal slice of each "
+            f"global batch; got batch_size={batch_size}."
+        )
+    if steps_per_epoch is not None:
+        return  # an epoch may stop before the last partial batch: checked step by step
+    num_examples = int(leaves[0].shape[0])
+    if validation_split:
+        num_examples = int(math.floor(num_examples * (1.0 - validation_split)))  # Keras' split point
+    remainder = num_examples % batch_size
+    if remainder % replicas:
+        raise ValueError(
+            f"The last batch of each epoch would hold {remainder} examples ({num_examples} "
+            f"training examples in batches of {batch_size}), which is not {allowed}. Use a "
+            f"`batch_size` that divides {num_examples}, or a number of training examples whose "
+            f"remainder by `batch_size` is a multiple of {replicas}."
+        )

@@ -25,7 +25,14 @@ from keras_thermo import dense_gradients as kt_dense_gradients
 from keras_thermo import grads as kt_grads
 from keras_thermo import priors as kt_priors
 from keras_thermo import samplers as kt_samplers
-from keras_thermo._distribute import CrossReplica, isolate_collectives, replica_local_variable
+from keras_thermo._distribute import (
+    CrossReplica,
+    batch_spec,
+    check_even_batches,
+    isolate_collectives,
+    replica_local_variable,
+    symbolic_inputs,
+)
 from keras_thermo._validation import check_choice, check_int, check_positive, check_seed
 
 #: How per-example gradient statistics are computed (samplers that need them: CCAdL, mCCAdL).
@@ -103,6 +110,9 @@ def _first_batch_inputs(x, y, batch_size):
     """A small batch of model inputs taken from `fit`'s data, used to build the model eagerly."""
     del y
     if isinstance(x, tf.data.Dataset):
+        inputs = symbolic_inputs(x)  # shapes only: drawing a batch would use up a shuffle order
+        if inputs is not None:
+            return inputs
         data = next(iter(x.take(1)))
         inputs, _, _ = data_adapter_utils.unpack_x_y_sample_weight(data)
         return inputs
@@ -400,6 +410,8 @@ class BayesianModel(keras.Model):
         force, potential, batch_size = cross.sum(
             (force, tf.cast(potential, tf.float32), tf.cast(local_batch_size, tf.float32))
         )
+        # Every update is computed from these, so a batch the replicas cannot split moves nothing.
+        force, potential, batch_size = cross.check_even_split(batch_size, (force, potential, batch_size))
 
         per_example = None
         if self.sampler.needs_per_example_gradients:
@@ -431,6 +443,12 @@ class BayesianModel(keras.Model):
         # which a multi-worker strategy refuses for an (x, y) structure (keras-team/keras#20585).
         # Shapes are all the build needs, so this worker's first replica's slice serves every
         # strategy.
+        if iterator is not None and self._distribute_strategy is not None:
+            # The dataset's element spec, not a drawn batch: an extra iterator would shift every
+            # epoch to the next shuffle order (single-device Keras draws none here).
+            data_batch = batch_spec(iterator)
+            if data_batch is not None:
+                iterator = None
         if iterator is not None and self._distribute_strategy is not None:
             batch = None
             for _, _, batches in iterator:
@@ -530,6 +548,10 @@ class BayesianModel(keras.Model):
             raise ValueError("Call `compile(loss=...)` on the BayesianModel before `fit`.")
         self._build_from_data(arguments.get("x"), arguments.get("y"), arguments.get("batch_size"))
         self._check_per_example_method()
+        check_even_batches(
+            self.distribute_strategy.num_replicas_in_sync, arguments.get("x"), arguments.get("batch_size"),
+            arguments.get("validation_split", 0.0), arguments.get("steps_per_epoch"),
+        )
         callbacks = arguments.get("callbacks")
         check_no_learning_rate_callbacks(callbacks)
         self._attach_recorders(callbacks)
