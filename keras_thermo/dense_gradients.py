@@ -365,7 +365,7 @@ class DenseLayerRows(CenteredRows):
 
 
 def _per_example_output_gradients(
-    loss_fn: Any, y: Any, y_pred: tf.Tensor, sample_weight: tf.Tensor | None
+    loss_fn: Any, y: Any, y_pred: tf.Tensor, sample_weight: tf.Tensor | None, loss_scale: float = 1.0
 ) -> tf.Tensor:
     """`d l_i / d y_pred_i` for every example, stacked like `y_pred`.
 
@@ -381,7 +381,7 @@ def _per_example_output_gradients(
         weight_i = tf.expand_dims(example[2], 0) if len(example) == 3 else None
         with tf.GradientTape() as tape:
             tape.watch(pred_i)
-            loss = grads.example_loss(loss_fn, y_i, pred_i, weight_i)
+            loss = grads.example_loss(loss_fn, y_i, pred_i, weight_i, loss_scale)
         return tape.gradient(loss, pred_i)[0]
 
     examples = (y, y_pred) if sample_weight is None else (y, y_pred, sample_weight)
@@ -389,7 +389,7 @@ def _per_example_output_gradients(
 
 
 def _layer_factors(
-    net: keras.Sequential, loss_fn: Any, x: Any, y: Any, sample_weight: tf.Tensor | None
+    net: keras.Sequential, loss_fn: Any, x: Any, y: Any, sample_weight: tf.Tensor | None, loss_scale: float = 1.0
 ) -> tuple[list[tf.Tensor], list[tf.Tensor], list[bool]]:
     """Runs the network layer by layer and returns `(A_l, Delta_l, has_bias_l)` per Dense layer.
 
@@ -421,7 +421,7 @@ def _layer_factors(
             activations = layer.activation(pre_activation)
     # Example i's loss depends only on its own outputs, so back-propagating the stacked
     # per-example output gradients gives every Delta_l in one pass.
-    output_gradients = _per_example_output_gradients(loss_fn, y, activations, sample_weight)
+    output_gradients = _per_example_output_gradients(loss_fn, y, activations, sample_weight, loss_scale)
     deltas = tape.gradient(
         activations, pre_activations, output_gradients=output_gradients,
         unconnected_gradients=tf.UnconnectedGradients.ZERO,
@@ -521,6 +521,7 @@ def dense_layer_gradients(
     y: Any,
     sample_weight: Any = None,
     cross_replica: Any = None,
+    loss_scale: float = 1.0,
 ) -> DenseLayerGradients:
     """Per-example gradient statistics of a `Dense` network from one extra backward pass.
 
@@ -543,6 +544,7 @@ def dense_layer_gradients(
         sample_weight: optional weights `[n]` (or `[n, ...]` for loss objects).
         cross_replica: a `keras_thermo._distribute.CrossReplica` (None: one for the current
             context).
+        loss_scale: factor of every example's loss (as for `per_example_gradients`).
 
     Returns:
         A `DenseLayerGradients` for the global batch.
@@ -581,5 +583,5 @@ def dense_layer_gradients(
                 "dense_layer_gradients: with a plain callable `loss_fn`, `sample_weight` must "
                 f"have shape [n] (one weight per example); got shape {sample_weight.shape}."
             )
-    inputs, deltas, has_bias = _layer_factors(net, loss_fn, x, y, sample_weight)
+    inputs, deltas, has_bias = _layer_factors(net, loss_fn, x, y, sample_weight, loss_scale)
     return DenseLayerGradients(inputs, deltas, has_bias, cross_replica=cross_replica)

@@ -317,8 +317,11 @@ def _resolve_loss(loss_fn: LossLike) -> Callable[..., Any]:
     return loss_fn
 
 
-def example_loss(loss_fn: Callable[..., Any], y_i: Any, y_pred_i: Any, weight_i: Any = None) -> tf.Tensor:
-    """The loss `w_i l_i` of one example given as a batch of one (the row of `G` is its gradient).
+def example_loss(
+    loss_fn: Callable[..., Any], y_i: Any, y_pred_i: Any, weight_i: Any = None, loss_scale: float = 1.0
+) -> tf.Tensor:
+    """The loss `c w_i l_i` of one example given as a batch of one (the row of `G` is its
+    gradient); `c = loss_scale` is the compile-time `loss_weights` factor of the batch loss.
 
     A Keras loss object gets the example's weight; a plain callable's mean over the batch of one
     is multiplied by it (one scalar per example).
@@ -328,11 +331,11 @@ def example_loss(loss_fn: Callable[..., Any], y_i: Any, y_pred_i: Any, weight_i:
         # Under tf.distribute a Keras loss divides itself by the number of replicas (so that
         # summed replica gradients average); a per-example loss must not.
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        return loss * tf.cast(replicas, loss.dtype)
+        return loss * tf.cast(replicas * loss_scale, loss.dtype)
     loss = tf.reduce_mean(loss_fn(y_i, y_pred_i))
     if weight_i is not None:
         loss = loss * tf.cast(tf.reshape(weight_i, []), loss.dtype)
-    return loss
+    return loss * tf.cast(loss_scale, loss.dtype) if loss_scale != 1.0 else loss
 
 
 def _dense_gradient(gradient: Any, variable: Any) -> tf.Tensor:
@@ -353,6 +356,7 @@ def per_example_gradients(
     sample_weight: Any = None,
     *,
     fallback_to_while_loop: bool = False,
+    loss_scale: float = 1.0,
 ) -> tf.Tensor:
     """Gradients of the per-example losses, one row per example.
 
@@ -380,6 +384,8 @@ def per_example_gradients(
         fallback_to_while_loop: if False (default), an op that pfor cannot
             vectorize raises a ValueError; if True, such ops run in a
             sequential loop over the examples (same numbers, slower).
+        loss_scale: factor of every example's loss (compile's single-output
+            ``loss_weights``), so that the rows stay gradients of the batch loss.
 
     Returns:
         ``G``, a tensor of shape ``[n, Nd]`` in the dtype of the variables.
@@ -432,7 +438,7 @@ def per_example_gradients(
                         "batch, not per example. Apply the mask through "
                         "`sample_weight` instead."
                     )
-            loss = example_loss(loss_fn, y_i, y_pred, weight_i)
+            loss = example_loss(loss_fn, y_i, y_pred, weight_i, loss_scale)
         gradients = tape.gradient(
             loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
         )

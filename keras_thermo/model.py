@@ -97,6 +97,29 @@ def check_no_learning_rate_callbacks(callbacks) -> None:
             )
 
 
+def _single_output_loss_weight(loss, loss_weights, sampler_name: str) -> float:
+    """The factor `loss_weights` puts on a single-output loss (1 when None).
+
+    Per-example gradients are those of one loss per example; Keras' multi-output losses (a list
+    or dict of losses) would need the per-example pass to reproduce Keras' matching of targets
+    to outputs, so they are refused here with what to do instead.
+    """
+    losses = [loss] if isinstance(loss, (str, keras.losses.Loss)) or callable(loss) else tf.nest.flatten(loss)
+    weights = [] if loss_weights is None else (
+        [loss_weights] if isinstance(loss_weights, (int, float)) else tf.nest.flatten(loss_weights)
+    )
+    if len(losses) > 1 or len(weights) > 1:
+        raise ValueError(
+            f"{sampler_name} takes per-example gradients of a single-output loss, but `loss` is "
+            f"{loss!r} with `loss_weights` {loss_weights!r}. Combine the outputs' losses into one "
+            "keras.losses.Loss (a subclass whose `call` returns each example's weighted sum), or "
+            "use a sampler without per-example gradients (SGLD, SGHMC, SGNHT, TACT-HMC)."
+        )
+    if not weights:
+        return 1.0
+    return check_positive("loss_weights", weights[0])
+
+
 def _loss_reductions(loss) -> list[tuple[str, Any]]:
     """(description, reduction) for every Keras loss object inside a compile `loss` argument."""
     found = []
@@ -136,6 +159,16 @@ class BayesianModel(keras.Model):
         sampler: A `keras_thermo.samplers.Sampler` (or a name / config for
             `keras_thermo.samplers.get`).
         num_examples: N, the number of training examples; the potential is `N * mean loss`.
+            Keras' mean reductions average over every element of the loss, not only over the
+            examples: a per-token loss on sequences of length T, or a per-pixel loss, is divided
+            by T (or the pixels) too, so `N * L` weighs each example's likelihood as the *mean*
+            of its elements' losses, T times flatter than their sum. See
+            `loss_elements_per_example`.
+        loss_elements_per_example: k > 0, default 1. The potential becomes `U = N k L + R`:
+            with k = T (tokens per sequence, pixels per image...) each example's likelihood is
+            the *sum* of its elements' losses (masked elements given sample weight 0 count as
+            0), the usual likelihood of a sequence or dense-prediction model. Layer
+            regularization losses, part of `L`, are scaled with it.
         prior: A `keras_thermo.priors.Prior`, or None for a flat prior.
         temperature: T > 0; the target is `exp(-U / T)` (1 = the Bayes posterior).
         seed: Integer in [0, 2**31) keying all sampler noise; None draws one (kept in the config,
@@ -168,6 +201,7 @@ class BayesianModel(keras.Model):
         temperature: float = 1.0,
         seed: int | None = None,
         per_example_method: str = "auto",
+        loss_elements_per_example: float = 1.0,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -176,6 +210,7 @@ class BayesianModel(keras.Model):
         self.net = net
         self.sampler = kt_samplers.get(sampler)
         self.num_examples = check_int("num_examples", num_examples, low=1)
+        self.loss_elements_per_example = check_positive("loss_elements_per_example", loss_elements_per_example)
         self.prior = kt_priors.get(prior)
         self._temperature_variable = None
         self.temperature = temperature
@@ -235,9 +270,13 @@ class BayesianModel(keras.Model):
                 "compile with the model's per-example loss, e.g. loss='mse'."
             )
         allowed = _MEAN_REDUCTIONS
+        self._example_loss_scale = 1.0
         if self.sampler.needs_per_example_gradients:
             # The batch loss must be the plain mean of the per-example losses.
             allowed = kt_grads.PER_EXAMPLE_MEAN_REDUCTIONS
+            self._example_loss_scale = _single_output_loss_weight(
+                loss, kwargs.get("loss_weights"), type(self.sampler).__name__
+            )
         for description, reduction in _loss_reductions(loss):
             if reduction not in allowed:
                 raise ValueError(
@@ -274,6 +313,7 @@ class BayesianModel(keras.Model):
             "temperature": self.temperature,
             "seed": self.seed,
             "per_example_method": self.per_example_method,
+            "loss_elements_per_example": self.loss_elements_per_example,
         }
 
     @classmethod
@@ -325,6 +365,11 @@ class BayesianModel(keras.Model):
             self.sampler.bind_step_size(variable)
 
     # --- sampler state ------------------------------------------------------------------------
+
+    @property
+    def likelihood_weight(self) -> float:
+        """`N k`: what multiplies the batch loss in `U` (and sets the force noise `(N k)^2 / n`)."""
+        return self.num_examples * self.loss_elements_per_example
 
     @property
     def num_params(self) -> int:
@@ -385,7 +430,7 @@ class BayesianModel(keras.Model):
         loss = self._compute_loss(
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
         )
-        potential = tf.cast(self.num_examples, loss.dtype) * loss
+        potential = tf.cast(self.likelihood_weight, loss.dtype) * loss
         if self.prior is not None:
             replicas = tf.distribute.get_strategy().num_replicas_in_sync
             prior = tf.cast(self.prior(self.trainable_variables), loss.dtype)
@@ -418,7 +463,7 @@ class BayesianModel(keras.Model):
             per_example = self._per_example_gradients(x, y, sample_weight, cross)
         context = kt_samplers.StepContext(
             temperature=tf.convert_to_tensor(self._temperature_variable),
-            num_examples=self.num_examples,
+            num_examples=self.likelihood_weight,
             batch_size=batch_size,
             potential=potential,
             seed=self.seed,
@@ -481,11 +526,12 @@ class BayesianModel(keras.Model):
             )
 
     def _per_example_gradients(self, x, y, sample_weight, cross):
+        scale = self._example_loss_scale  # `loss_weights`: the rows are gradients of the batch loss
         if self.per_example_path == "dense_layers":
             return kt_dense_gradients.dense_layer_gradients(
-                self.net, self.loss, x, y, sample_weight, cross_replica=cross
+                self.net, self.loss, x, y, sample_weight, cross_replica=cross, loss_scale=scale
             )
-        rows = kt_grads.per_example_gradients(self.net, self.loss, x, y, sample_weight)
+        rows = kt_grads.per_example_gradients(self.net, self.loss, x, y, sample_weight, loss_scale=scale)
         return kt_grads.PerExampleGradients(tf.cast(rows, tf.float32), cross)
 
     def _apply_if_finite(self, variables, new_params, state, new_state, potential, cross) -> None:

@@ -190,6 +190,8 @@ BAD_MODEL_INPUTS = [
     (dict(num_examples=10.5), TypeError, ["num_examples", "10.5"]),
     (dict(temperature=-1.0), ValueError, ["temperature", "-1.0"]),
     (dict(seed=-3), ValueError, ["seed", "-3"]),
+    (dict(loss_elements_per_example=0), ValueError, ["loss_elements_per_example", "0"]),
+    (dict(loss_elements_per_example="tokens"), TypeError, ["loss_elements_per_example", "'tokens'"]),
     (dict(prior=lambda w: 0.0), TypeError, ["prior"]),
     (dict(sampler="hmc"), ValueError, ["identifier", "hmc"]),
     (dict(net="not a model"), TypeError, ["net", "str"]),
@@ -479,3 +481,57 @@ def test_temperature_setter_checks_its_value():
     with pytest.raises(ValueError, match=r"`temperature` must be in \(0, inf\), got -2.0"):
         model.temperature = -2.0
     assert model.temperature == 1.0
+
+
+# --- the likelihood scale of the per-example samplers -------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["vectorized", "dense_layers"])
+@pytest.mark.parametrize("sampler", ["ccadl", "mccadl"])
+def test_loss_weights_scale_the_per_example_noise_covariance_by_their_square(path, sampler):
+    """`loss_weights=w` makes U's data term w N L, so the force noise covariance is w^2 times
+    larger; the first step's logged noise_scale (tr Sigma / Nd of the first batch) must show it."""
+    x, y = _data()
+    noise_scales = []
+    for weight in (None, 3.0):
+        model = _model(kt.samplers.get(sampler, step_size=1e-4), net=_net(), per_example_method=path)
+        model.compile(loss="mse", loss_weights=weight)
+        logs = model.train_on_batch(x[:16], y[:16], return_dict=True)
+        noise_scales.append(logs["noise_scale"])
+    assert noise_scales[1] == pytest.approx(9.0 * noise_scales[0], rel=1e-4)
+
+
+def test_per_example_samplers_refuse_multi_output_losses_at_compile():
+    inputs = keras.Input((3,))
+    net = keras.Model(inputs, {"a": keras.layers.Dense(1, name="a")(inputs), "b": keras.layers.Dense(1, name="b")(inputs)})
+    model = _model(kt.samplers.MCCAdL(1e-4), net=net)
+    with pytest.raises(ValueError, match=r"MCCAdL takes per-example gradients of a single-output loss.*SGNHT"):
+        model.compile(loss={"a": "mse", "b": "mse"})
+    plain = _model(kt.samplers.SGNHT(1e-4), net=net)
+    plain.compile(loss={"a": "mse", "b": "mse"}, loss_weights={"a": 1.0, "b": 2.0})  # no per-example pass
+
+
+def test_loss_elements_per_example_makes_a_sequence_likelihood_the_per_example_sum():
+    """A per-token loss on [n, T] targets: Keras averages over n T elements, so with k = T the
+    potential's data term is (N / n) sum_i sum_t l_it, and the covariance samplers' noise (N k)^2/n.
+    """
+    steps, n = 5, 8
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, steps, 2)).astype("float32")
+    y = rng.normal(size=(n, steps, 1)).astype("float32")
+    net = keras.Sequential([keras.Input((steps, 2)), keras.layers.Dense(1)])
+    model = _model(kt.samplers.CCAdL(1e-5), net=net, loss_elements_per_example=steps, num_examples=40)
+    model.compile(loss="mse")
+    model.build((None, steps, 2))
+    potential, loss, y_pred = model.compute_potential(x, y)
+    per_token = (y - y_pred.numpy()) ** 2
+    np.testing.assert_allclose(float(potential), 40 / n * per_token.sum(), rtol=1e-5)
+    restored = kt.BayesianModel.from_config(model.get_config())
+    assert restored.loss_elements_per_example == steps
+    noise, start = [], net.get_weights()
+    for k in (1, steps):
+        net.set_weights(start)  # the first step's covariance is that of the same weights
+        other = _model(kt.samplers.CCAdL(1e-5), net=net, loss_elements_per_example=k, num_examples=40)
+        other.compile(loss="mse")
+        noise.append(other.train_on_batch(x, y, return_dict=True)["noise_scale"])
+    assert noise[1] == pytest.approx(steps**2 * noise[0], rel=1e-4)

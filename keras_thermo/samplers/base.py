@@ -26,7 +26,8 @@ class StepContext(NamedTuple):
     Attributes:
         temperature: T (a float, or the model's float32 scalar tensor); the target density is
             `exp(-U / T)`.
-        num_examples: N, the training-set size.
+        num_examples: N, the training-set size (times the model's `loss_elements_per_example`):
+            the factor of the batch loss in U.
         batch_size: n of this minibatch (float32 scalar tensor).
         potential: U of this minibatch (float32 scalar tensor).
         seed: The model's integer seed; noise is keyed by (seed, step, stream).
