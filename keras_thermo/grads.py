@@ -126,14 +126,67 @@ def _owns_seed_generator(layer: keras.layers.Layer) -> bool:
     )
 
 
+def stochastic_setting(layer: keras.layers.Layer) -> tuple[str, str] | None:
+    """How ``layer`` makes the training-mode loss random or couples the examples.
+
+    Returns ``(kind, setting)`` or None. ``kind`` is ``"batch_statistics"``
+    (BatchNormalization in training mode), ``"noise"`` (dropout and noise
+    layers with a nonzero rate, internal RNN/attention dropout) or
+    ``"random_draws"`` (any other layer that owns a ``keras.random.SeedGenerator``,
+    such as a random augmentation); ``setting`` names the layer type and the
+    attribute responsible. The one place these layers are recognised, for the
+    per-example check below and for the samplers' warning in ``BayesianModel``.
+    """
+    if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable:
+        return "batch_statistics", "BatchNormalization in training mode"
+    for layer_type, attribute in _NOISE_LEVEL_ATTRIBUTE:
+        if isinstance(layer, layer_type):
+            level = getattr(layer, attribute)
+            return ("noise", f"{type(layer).__name__} ({attribute}={level})") if level > 0 else None
+    for attribute in _DROPOUT_ATTRIBUTES:
+        level = getattr(layer, attribute, None)
+        if isinstance(level, (int, float)) and level > 0:
+            return "noise", f"{type(layer).__name__} with {attribute}={level}"
+    has_dropout_attributes = any(hasattr(layer, a) for a in _DROPOUT_ATTRIBUTES)
+    if _owns_seed_generator(layer) and not has_dropout_attributes:
+        # RNN cells own a generator for their dropout, which is off (above).
+        return "random_draws", f"{type(layer).__name__} (it owns a keras.random.SeedGenerator)"
+    return None
+
+
+def stochastic_layers(model: keras.layers.Layer) -> list[tuple[keras.layers.Layer, str, str]]:
+    """``(layer, kind, setting)`` for every nested layer with a ``stochastic_setting``."""
+    found = []
+    for layer in _all_layers(model):
+        setting = stochastic_setting(layer)
+        if setting is not None:
+            found.append((layer, *setting))
+    return found
+
+
 def _incompatibility(layer: keras.layers.Layer) -> str | None:
     """Why ``layer`` breaks per-example gradients, or None if it does not."""
-    if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable:
+    setting = stochastic_setting(layer)
+    if setting is not None:
+        kind, what = setting
+        if kind == "batch_statistics":
+            return (
+                f"{what} normalises with the statistics of the whole batch, which "
+                "couples the examples. Replace it with LayerNormalization or "
+                "GroupNormalization, or freeze it (layer.trainable = False runs it "
+                "in inference mode)."
+            )
+        if kind == "noise":
+            return (
+                f"{what} draws fresh random noise in training mode, so each "
+                "example would see other noise than in the batch pass. Set the "
+                "rate to 0: the sampler injects its own noise."
+            )
         return (
-            "BatchNormalization in training mode normalises with the statistics "
-            "of the whole batch, which couples the examples. Replace it with "
-            "LayerNormalization or GroupNormalization, or freeze it "
-            "(layer.trainable = False runs it in inference mode)."
+            f"{what} draws random numbers in training mode, for example a "
+            "random augmentation, so each example would be transformed "
+            "differently than in the batch pass. Move data augmentation into "
+            "the tf.data pipeline."
         )
     if isinstance(layer, keras.layers.ActivityRegularization) or (
         getattr(layer, "activity_regularizer", None) is not None
@@ -143,25 +196,6 @@ def _incompatibility(layer: keras.layers.Layer) -> str | None:
             "example's activations, which per-example gradients do not "
             "include. Remove it or regularize the weights instead."
         )
-    for layer_type, attribute in _NOISE_LEVEL_ATTRIBUTE:
-        if isinstance(layer, layer_type):
-            level = getattr(layer, attribute)
-            if level > 0:
-                return (
-                    f"{type(layer).__name__} ({attribute}={level}) draws fresh "
-                    "random noise in training mode, so each example would see "
-                    "other noise than in the batch pass. Remove it or set "
-                    f"{attribute}=0: the sampler injects its own noise."
-                )
-            return None
-    for attribute in _DROPOUT_ATTRIBUTES:
-        level = getattr(layer, attribute, None)
-        if isinstance(level, (int, float)) and level > 0:
-            return (
-                f"{type(layer).__name__} has {attribute}={level}, which draws "
-                "fresh random masks in training mode. Set "
-                f"{attribute}=0: the sampler injects its own noise."
-            )
     if isinstance(layer, keras.layers.RNN) and not layer.unroll:
         return (
             f"{type(layer).__name__} with unroll=False runs a symbolic while "
@@ -169,16 +203,6 @@ def _incompatibility(layer: keras.layers.Layer) -> str | None:
             "to the layer's inputs (a trainable layer before it fails) nor "
             "compile with XLA. Construct it with unroll=True (needs a fixed "
             "sequence length)."
-        )
-    has_dropout_attributes = any(hasattr(layer, a) for a in _DROPOUT_ATTRIBUTES)
-    if _owns_seed_generator(layer) and not has_dropout_attributes:
-        # RNN cells own a generator for their dropout, which is off (above).
-        return (
-            f"{type(layer).__name__} draws random numbers in training mode "
-            "(it owns a keras.random.SeedGenerator), for example a random "
-            "augmentation, so each example would be transformed differently "
-            "than in the batch pass. Move data augmentation into the tf.data "
-            "pipeline."
         )
     return None
 

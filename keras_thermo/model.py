@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import random as py_random
+import warnings
 from typing import Any
 
 import keras
@@ -42,6 +43,28 @@ PER_EXAMPLE_METHODS = ("auto", "vectorized", "dense_layers")
 _MEAN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 
 
+# What each kind of `grads.stochastic_setting` does to the sampled target.
+_TARGET_EFFECTS = {
+    "batch_statistics": (
+        "normalises each example with its minibatch's statistics, so U depends on which examples "
+        "share a batch and the chain samples a batch-dependent target, not exp(-U/T). Its moving "
+        "mean and variance are not sampled weights: SampleCollector's samples hold none of them, "
+        "so a stored sample is evaluated later with the final moving statistics. Freeze it "
+        "(layer.trainable = False) or use LayerNormalization"
+    ),
+    "noise": (
+        "multiplies or perturbs activations with fresh noise at every step, so U is random and the "
+        "chain samples a noise-averaged target, not exp(-U/T) (predict and evaluate run without "
+        "the noise). Set the rate to 0: the sampler injects its own noise"
+    ),
+    "random_draws": (
+        "draws random numbers in training mode (e.g. a random augmentation), so U is random and "
+        "the target is an average over those draws. Move augmentation into the tf.data pipeline "
+        "if the augmented examples are meant as data"
+    ),
+}
+
+
 class SamplerDivergedError(FloatingPointError):
     """Raised by `fit` when a sampler step produced a non-finite value.
 
@@ -58,6 +81,7 @@ class _Runtime:
 
     def __init__(self):
         self.recorders: list = []
+        self.warned_about_layers = False
         # One copy per replica (they agree): written inside the step, read by the callbacks.
         self.diverged_at = replica_local_variable(tf.constant(-1, tf.int64), name="diverged_at")
         self.state_structure = None
@@ -572,6 +596,19 @@ class BayesianModel(keras.Model):
         if not self._state_variables:
             self.build()
 
+    def _warn_about_stochastic_layers(self) -> None:
+        """Warns once per model about layers that make U random or batch-coupled (samplers with
+        per-example gradients refuse them instead, see `grads.check_per_example_compatible`)."""
+        if self._runtime.warned_about_layers or self.sampler.needs_per_example_gradients:
+            return
+        self._runtime.warned_about_layers = True
+        for layer, kind, setting in kt_grads.stochastic_layers(self.net):
+            warnings.warn(
+                f"BayesianModel: layer {layer.name!r}, {setting}, {_TARGET_EFFECTS[kind]}.",
+                UserWarning,
+                stacklevel=3,
+            )
+
     def _attach_recorders(self, callbacks) -> None:
         from keras_thermo.callbacks import RecordingCallback  # noqa: PLC0415 (import cycle)
 
@@ -594,6 +631,7 @@ class BayesianModel(keras.Model):
             raise ValueError("Call `compile(loss=...)` on the BayesianModel before `fit`.")
         self._build_from_data(arguments.get("x"), arguments.get("y"), arguments.get("batch_size"))
         self._check_per_example_method()
+        self._warn_about_stochastic_layers()
         check_even_batches(
             self.distribute_strategy.num_replicas_in_sync, arguments.get("x"), arguments.get("batch_size"),
             arguments.get("validation_split", 0.0), arguments.get("steps_per_epoch"),
@@ -615,6 +653,7 @@ class BayesianModel(keras.Model):
         """`keras.Model.train_on_batch` (one sampler step), building the sampler state first."""
         self._build_from_data(x, y, None)
         self._check_per_example_method()
+        self._warn_about_stochastic_layers()
         self._runtime.diverged_at.assign(-1)
         logs = super().train_on_batch(
             x, y, sample_weight=sample_weight, class_weight=class_weight, return_dict=return_dict

@@ -3,6 +3,7 @@
 import glob
 import math
 import os
+import warnings
 
 import keras
 import numpy as np
@@ -535,3 +536,47 @@ def test_loss_elements_per_example_makes_a_sequence_likelihood_the_per_example_s
         other.compile(loss="mse")
         noise.append(other.train_on_batch(x, y, return_dict=True)["noise_scale"])
     assert noise[1] == pytest.approx(steps**2 * noise[0], rel=1e-4)
+
+
+# --- layers that change the target ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "layer, words",
+    [
+        (keras.layers.Dropout(0.3), ["Dropout (rate=0.3)", "noise-averaged target"]),
+        (keras.layers.GaussianNoise(0.1), ["GaussianNoise (stddev=0.1)", "noise-averaged target"]),
+        (keras.layers.RandomFlip("horizontal"), ["RandomFlip", "SeedGenerator", "augmentation"]),
+        (keras.layers.BatchNormalization(), ["BatchNormalization in training mode", "batch-dependent", "final moving statistics"]),
+    ],
+    ids=["dropout", "gaussian_noise", "augmentation", "batch_norm"],
+)
+def test_layers_that_make_the_potential_random_or_batch_coupled_warn_once(layer, words):
+    x, y = _data()
+    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), layer, keras.layers.Dense(1)])
+    if isinstance(layer, keras.layers.RandomFlip):
+        net = keras.Sequential([keras.Input((3, 1, 1)), layer, keras.layers.Flatten(), keras.layers.Dense(1)])
+        x = x.reshape(-1, 3, 1, 1)
+    model = _model(kt.samplers.SGHMC(1e-3), net=net)
+    model.compile(loss="mse")
+    with pytest.warns(UserWarning) as record:
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    messages = [str(w.message) for w in record if "BayesianModel: layer" in str(w.message)]
+    assert len(messages) == 1 and all(word in messages[0] for word in words), messages
+    assert layer.name in messages[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # once per model
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+
+
+def test_frozen_batch_norm_and_zero_rate_dropout_do_not_warn():
+    x, y = _data()
+    frozen = keras.layers.BatchNormalization()
+    frozen.trainable = False
+    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), frozen, keras.layers.Dropout(0.0),
+                            keras.layers.Dense(1)])
+    model = _model(kt.samplers.SGHMC(1e-3), net=net)
+    model.compile(loss="mse")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
