@@ -16,7 +16,7 @@ if _backend != "tensorflow":
         "set KERAS_BACKEND=tensorflow."
     )
 
-from keras_thermo import callbacks, priors, samplers, schedules  # noqa: E402
+from keras_thermo import callbacks, data, diagnostics, metrics, models, priors, samplers, schedules  # noqa: E402
 from keras_thermo.model import BayesianModel, SamplerDivergedError  # noqa: E402
 from keras_thermo.posterior import evaluate_posterior, predict_posterior  # noqa: E402
 
@@ -26,7 +26,11 @@ __all__ = [
     "BayesianModel",
     "SamplerDivergedError",
     "callbacks",
+    "data",
+    "diagnostics",
     "evaluate_posterior",
+    "metrics",
+    "models",
     "predict_posterior",
     "priors",
     "samplers",

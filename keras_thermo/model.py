@@ -87,6 +87,15 @@ class _Runtime:
         self.state_structure = None
 
 
+def configurational_temperature(params, force) -> tf.Tensor:
+    """`-theta . F / Nd` with the step's own force: averages T at equilibrium for any sampler
+    (integration by parts of `theta . grad U` against `exp(-U/T)`), unlike the kinetic temperature,
+    which a thermostat holds at T by construction. One step's value is noisy (minibatch force);
+    its running average is the check."""
+    total = tf.add_n([tf.reduce_sum(tf.cast(theta, tf.float64) * tf.cast(f, tf.float64)) for theta, f in zip(params, force)])
+    return tf.cast(-total / float(kt_samplers.base.num_scalars(params)), tf.float32)
+
+
 def check_float32_variables(variables) -> None:
     """Refuses weights that are not float32: the samplers' noise, momenta and step sizes are
     float32, and a float64 (or float16) weight would fail deep inside the traced step."""
@@ -213,7 +222,7 @@ class BayesianModel(keras.Model):
         >>> x, y = np.random.rand(64, 3), np.random.rand(64, 1)
         >>> history = model.fit(x, y, batch_size=16, epochs=1, verbose=0)
         >>> sorted(k for k in history.history if k != "loss")
-        ['kinetic_temperature', 'potential', 'step_size']
+        ['configurational_temperature', 'kinetic_temperature', 'potential', 'step_size']
     """
 
     def __init__(
@@ -501,11 +510,13 @@ class BayesianModel(keras.Model):
         logs = self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         logs = dict(logs)
         logs["potential"] = potential
+        logs["configurational_temperature"] = configurational_temperature(params, force)
         logs.update(diagnostics)
-        if cross.multi_worker:
-            # Keras averages a multi-worker step's logs along axis 0 (keras-team/keras#20585).
-            logs = {name: tf.reshape(value, [1]) for name, value in logs.items()}
-        return logs
+        return cross.per_worker_logs(logs)  # Keras' multi-worker reduction needs vectors
+
+    def test_step(self, data):
+        # `evaluate` under a multi-worker strategy: Keras' logs need the same reshaping.
+        return CrossReplica().per_worker_logs(super().test_step(data))
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Keras builds the compiled metrics from the first batch after `strategy.reduce`-ing it,

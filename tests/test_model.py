@@ -580,3 +580,24 @@ def test_frozen_batch_norm_and_zero_rate_dropout_do_not_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+
+
+def test_configurational_temperature_is_minus_theta_dot_force_over_nd():
+    """One SGHMC step from known weights: the log is -theta.F/Nd of the step's own force,
+    computed here independently from U = N * mse + |theta|^2 / 2."""
+    x, y = _data()
+    model = _model(kt.samplers.SGHMC(1e-4), prior=kt.priors.Gaussian(1.0))
+    model.compile(loss="mse")
+    model.build((None, 3))
+    theta = [v.numpy().copy() for v in model.trainable_variables]
+    with tf.GradientTape() as tape:
+        potential, _, _ = model.compute_potential(x[:16], y[:16])
+    gradients = tape.gradient(potential, model.trainable_variables)
+    expected = sum(float(np.sum(t * g.numpy())) for t, g in zip(theta, gradients)) / model.num_params
+    logs = model.train_on_batch(x[:16], y[:16], return_dict=True)
+    assert logs["configurational_temperature"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_modules_users_reach_for_are_package_attributes():
+    for name in ("data", "metrics", "diagnostics", "models", "callbacks", "priors", "samplers", "schedules"):
+        assert hasattr(kt, name), name
