@@ -66,6 +66,14 @@ class CrossReplica:
             strategy.extended._in_multi_worker_mode()
         )
 
+    def per_worker_logs(self, logs: dict) -> dict:
+        """A step's logs shaped for Keras' multi-worker reduction, which averages every log along
+        axis 0 and so refuses scalars (keras-team/keras#20585): each becomes a length-1 vector.
+        Unchanged on one worker."""
+        if not self.multi_worker:
+            return logs
+        return {name: tf.reshape(value, [1]) for name, value in logs.items()}
+
     def sum(self, value: Any) -> Any:
         """Sum over replicas of a tensor or nested structure of tensors (one all-reduce)."""
         if self._context is None:

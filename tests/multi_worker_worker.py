@@ -8,6 +8,11 @@ and writes what it ended with to a JSON file:
                 "task": {"type": "worker", "index": 0}}' \\
     python tests/multi_worker_worker.py --out worker0.json --samplers sghmc,mccadl_vectorized
 
+With `--backup-dir DIR` each sampler's `fit` runs under `keras.callbacks.BackupAndRestore`
+(DIR/<sampler>, saved every epoch), so a restarted worker resumes from the last epoch it saved;
+with `--exit-at-step K` the worker dies (`os._exit`, no clean-up, like a kill) right after its
+K-th sampler step, the fault the restart recovers from.
+
 Imported, `train_all(run_names)` runs the same training with no strategy: the single-process
 reference the workers are compared with.
 """
@@ -28,6 +33,7 @@ GLOBAL_BATCH = 16
 EPOCHS = 3
 STEPS = EPOCHS * NUM_EXAMPLES // GLOBAL_BATCH
 SEED = 7
+EXIT_CODE = 17  # what a worker told to die with `--exit-at-step` exits with
 
 
 # name -> (sampler, BayesianModel's per_example_method). mCCAdL's Taylor C step runs a
@@ -68,7 +74,21 @@ def regression_dataset():
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH).with_options(options)
 
 
-def train(run_name: str, strategy=None) -> dict[str, Any]:
+def _exit_at_step(step: int):
+    import keras  # noqa: PLC0415
+
+    class ExitAtStep(keras.callbacks.Callback):
+        """Ends the process abruptly after the sampler's `step`-th step (a crash, not a stop)."""
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.model.sampler_step == step:
+                sys.stdout.flush()
+                os._exit(EXIT_CODE)
+
+    return ExitAtStep()
+
+
+def train(run_name: str, strategy=None, backup_dir: str | None = None, exit_at_step: int | None = None) -> dict[str, Any]:
     """Samples the regression posterior with one of `SAMPLERS`; returns the final state as plain data."""
     import keras  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
@@ -91,7 +111,14 @@ def train(run_name: str, strategy=None) -> dict[str, Any]:
         model.compile(loss="mse")
     initial = np.concatenate([np.ravel(w) for w in net.get_weights()])
     samples = kt.callbacks.SampleCollector(burn_in_steps=0, every_n_steps=1, max_samples=100)
-    history = model.fit(regression_dataset(), epochs=EPOCHS, verbose=0, callbacks=[samples])
+    callbacks = [samples]
+    if backup_dir is not None:
+        callbacks.append(keras.callbacks.BackupAndRestore(os.path.join(backup_dir, run_name), save_freq="epoch"))
+    if exit_at_step is not None:
+        callbacks.append(_exit_at_step(exit_at_step))
+    history = model.fit(regression_dataset(), epochs=EPOCHS, verbose=0, callbacks=callbacks)
+    # Keras reduces evaluate's per-replica metrics across the workers.
+    evaluation = model.evaluate(regression_dataset(), verbose=0, return_dict=True)
     return {
         "sampler": sampler_name,
         "per_example_path": model.per_example_path,
@@ -99,20 +126,24 @@ def train(run_name: str, strategy=None) -> dict[str, Any]:
         "initial_weights": initial.tolist(),
         "weights": np.concatenate([np.ravel(w) for w in net.get_weights()]).tolist(),
         "sampler_step": model.sampler_step,
+        "sampler_state": [np.ravel(np.asarray(leaf)).tolist() for leaf in tf.nest.flatten(model.sampler_state())],
+        "evaluation": {name: float(value) for name, value in evaluation.items()},
         "history": {k: [float(v) for v in values] for k, values in history.history.items()},
         "sample_steps": np.asarray(samples.steps).tolist(),
         "last_sample": np.asarray(samples.samples[-1]).tolist() if len(samples.steps) else None,
     }
 
 
-def train_all(run_names: list[str], strategy=None) -> dict[str, dict[str, Any]]:
-    return {name: train(name, strategy) for name in run_names}
+def train_all(run_names: list[str], strategy=None, **options) -> dict[str, dict[str, Any]]:
+    return {name: train(name, strategy, **options) for name in run_names}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--samplers", default=",".join(SAMPLERS), help=f"comma-separated, of {list(SAMPLERS)}")
+    parser.add_argument("--backup-dir", help="resume from / back up to DIR/<sampler> (BackupAndRestore)")
+    parser.add_argument("--exit-at-step", type=int, help=f"die (exit {EXIT_CODE}) after this sampler step")
     args = parser.parse_args(argv)
     if "TF_CONFIG" not in os.environ:
         parser.error("TF_CONFIG must describe the cluster and this worker's index.")
@@ -121,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
 
     keras.config.disable_traceback_filtering()  # full tracebacks in the test's failure report
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    results = train_all([s.strip() for s in args.samplers.split(",") if s.strip()], strategy)
+    run_names = [s.strip() for s in args.samplers.split(",") if s.strip()]
+    results = train_all(run_names, strategy, backup_dir=args.backup_dir, exit_at_step=args.exit_at_step)
     with open(args.out, "w", encoding="utf-8") as handle:
         json.dump(results, handle)
     return 0
