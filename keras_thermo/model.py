@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import random as py_random
+import warnings
 from typing import Any
 
 import keras
@@ -42,6 +43,28 @@ PER_EXAMPLE_METHODS = ("auto", "vectorized", "dense_layers")
 _MEAN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 
 
+# What each kind of `grads.stochastic_setting` does to the sampled target.
+_TARGET_EFFECTS = {
+    "batch_statistics": (
+        "normalises each example with its minibatch's statistics, so U depends on which examples "
+        "share a batch and the chain samples a batch-dependent target, not exp(-U/T). Its moving "
+        "mean and variance are not sampled weights: SampleCollector's samples hold none of them, "
+        "so a stored sample is evaluated later with the final moving statistics. Freeze it "
+        "(layer.trainable = False) or use LayerNormalization"
+    ),
+    "noise": (
+        "multiplies or perturbs activations with fresh noise at every step, so U is random and the "
+        "chain samples a noise-averaged target, not exp(-U/T) (predict and evaluate run without "
+        "the noise). Set the rate to 0: the sampler injects its own noise"
+    ),
+    "random_draws": (
+        "draws random numbers in training mode (e.g. a random augmentation), so U is random and "
+        "the target is an average over those draws. Move augmentation into the tf.data pipeline "
+        "if the augmented examples are meant as data"
+    ),
+}
+
+
 class SamplerDivergedError(FloatingPointError):
     """Raised by `fit` when a sampler step produced a non-finite value.
 
@@ -58,9 +81,19 @@ class _Runtime:
 
     def __init__(self):
         self.recorders: list = []
+        self.warned_about_layers = False
         # One copy per replica (they agree): written inside the step, read by the callbacks.
         self.diverged_at = replica_local_variable(tf.constant(-1, tf.int64), name="diverged_at")
         self.state_structure = None
+
+
+def configurational_temperature(params, force) -> tf.Tensor:
+    """`-theta . F / Nd` with the step's own force: averages T at equilibrium for any sampler
+    (integration by parts of `theta . grad U` against `exp(-U/T)`), unlike the kinetic temperature,
+    which a thermostat holds at T by construction. One step's value is noisy (minibatch force);
+    its running average is the check."""
+    total = tf.add_n([tf.reduce_sum(tf.cast(theta, tf.float64) * tf.cast(f, tf.float64)) for theta, f in zip(params, force)])
+    return tf.cast(-total / float(kt_samplers.base.num_scalars(params)), tf.float32)
 
 
 def check_float32_variables(variables) -> None:
@@ -95,6 +128,29 @@ def check_no_learning_rate_callbacks(callbacks) -> None:
                 "(and `model.temperature`) from your own callback: both take effect at the next "
                 "step and are checkpointed."
             )
+
+
+def _single_output_loss_weight(loss, loss_weights, sampler_name: str) -> float:
+    """The factor `loss_weights` puts on a single-output loss (1 when None).
+
+    Per-example gradients are those of one loss per example; Keras' multi-output losses (a list
+    or dict of losses) would need the per-example pass to reproduce Keras' matching of targets
+    to outputs, so they are refused here with what to do instead.
+    """
+    losses = [loss] if isinstance(loss, (str, keras.losses.Loss)) or callable(loss) else tf.nest.flatten(loss)
+    weights = [] if loss_weights is None else (
+        [loss_weights] if isinstance(loss_weights, (int, float)) else tf.nest.flatten(loss_weights)
+    )
+    if len(losses) > 1 or len(weights) > 1:
+        raise ValueError(
+            f"{sampler_name} takes per-example gradients of a single-output loss, but `loss` is "
+            f"{loss!r} with `loss_weights` {loss_weights!r}. Combine the outputs' losses into one "
+            "keras.losses.Loss (a subclass whose `call` returns each example's weighted sum), or "
+            "use a sampler without per-example gradients (SGLD, SGHMC, SGNHT, TACT-HMC)."
+        )
+    if not weights:
+        return 1.0
+    return check_positive("loss_weights", weights[0])
 
 
 def _loss_reductions(loss) -> list[tuple[str, Any]]:
@@ -136,6 +192,16 @@ class BayesianModel(keras.Model):
         sampler: A `keras_thermo.samplers.Sampler` (or a name / config for
             `keras_thermo.samplers.get`).
         num_examples: N, the number of training examples; the potential is `N * mean loss`.
+            Keras' mean reductions average over every element of the loss, not only over the
+            examples: a per-token loss on sequences of length T, or a per-pixel loss, is divided
+            by T (or the pixels) too, so `N * L` weighs each example's likelihood as the *mean*
+            of its elements' losses, T times flatter than their sum. See
+            `loss_elements_per_example`.
+        loss_elements_per_example: k > 0, default 1. The potential becomes `U = N k L + R`:
+            with k = T (tokens per sequence, pixels per image...) each example's likelihood is
+            the *sum* of its elements' losses (masked elements given sample weight 0 count as
+            0), the usual likelihood of a sequence or dense-prediction model. Layer
+            regularization losses, part of `L`, are scaled with it.
         prior: A `keras_thermo.priors.Prior`, or None for a flat prior.
         temperature: T > 0; the target is `exp(-U / T)` (1 = the Bayes posterior).
         seed: Integer in [0, 2**31) keying all sampler noise; None draws one (kept in the config,
@@ -156,7 +222,7 @@ class BayesianModel(keras.Model):
         >>> x, y = np.random.rand(64, 3), np.random.rand(64, 1)
         >>> history = model.fit(x, y, batch_size=16, epochs=1, verbose=0)
         >>> sorted(k for k in history.history if k != "loss")
-        ['kinetic_temperature', 'potential', 'step_size']
+        ['configurational_temperature', 'kinetic_temperature', 'potential', 'step_size']
     """
 
     def __init__(
@@ -168,6 +234,7 @@ class BayesianModel(keras.Model):
         temperature: float = 1.0,
         seed: int | None = None,
         per_example_method: str = "auto",
+        loss_elements_per_example: float = 1.0,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -176,6 +243,7 @@ class BayesianModel(keras.Model):
         self.net = net
         self.sampler = kt_samplers.get(sampler)
         self.num_examples = check_int("num_examples", num_examples, low=1)
+        self.loss_elements_per_example = check_positive("loss_elements_per_example", loss_elements_per_example)
         self.prior = kt_priors.get(prior)
         self._temperature_variable = None
         self.temperature = temperature
@@ -235,9 +303,13 @@ class BayesianModel(keras.Model):
                 "compile with the model's per-example loss, e.g. loss='mse'."
             )
         allowed = _MEAN_REDUCTIONS
+        self._example_loss_scale = 1.0
         if self.sampler.needs_per_example_gradients:
             # The batch loss must be the plain mean of the per-example losses.
             allowed = kt_grads.PER_EXAMPLE_MEAN_REDUCTIONS
+            self._example_loss_scale = _single_output_loss_weight(
+                loss, kwargs.get("loss_weights"), type(self.sampler).__name__
+            )
         for description, reduction in _loss_reductions(loss):
             if reduction not in allowed:
                 raise ValueError(
@@ -274,6 +346,7 @@ class BayesianModel(keras.Model):
             "temperature": self.temperature,
             "seed": self.seed,
             "per_example_method": self.per_example_method,
+            "loss_elements_per_example": self.loss_elements_per_example,
         }
 
     @classmethod
@@ -325,6 +398,11 @@ class BayesianModel(keras.Model):
             self.sampler.bind_step_size(variable)
 
     # --- sampler state ------------------------------------------------------------------------
+
+    @property
+    def likelihood_weight(self) -> float:
+        """`N k`: what multiplies the batch loss in `U` (and sets the force noise `(N k)^2 / n`)."""
+        return self.num_examples * self.loss_elements_per_example
 
     @property
     def num_params(self) -> int:
@@ -385,7 +463,7 @@ class BayesianModel(keras.Model):
         loss = self._compute_loss(
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
         )
-        potential = tf.cast(self.num_examples, loss.dtype) * loss
+        potential = tf.cast(self.likelihood_weight, loss.dtype) * loss
         if self.prior is not None:
             replicas = tf.distribute.get_strategy().num_replicas_in_sync
             prior = tf.cast(self.prior(self.trainable_variables), loss.dtype)
@@ -418,7 +496,7 @@ class BayesianModel(keras.Model):
             per_example = self._per_example_gradients(x, y, sample_weight, cross)
         context = kt_samplers.StepContext(
             temperature=tf.convert_to_tensor(self._temperature_variable),
-            num_examples=self.num_examples,
+            num_examples=self.likelihood_weight,
             batch_size=batch_size,
             potential=potential,
             seed=self.seed,
@@ -432,11 +510,13 @@ class BayesianModel(keras.Model):
         logs = self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         logs = dict(logs)
         logs["potential"] = potential
+        logs["configurational_temperature"] = configurational_temperature(params, force)
         logs.update(diagnostics)
-        if cross.multi_worker:
-            # Keras averages a multi-worker step's logs along axis 0 (keras-team/keras#20585).
-            logs = {name: tf.reshape(value, [1]) for name, value in logs.items()}
-        return logs
+        return cross.per_worker_logs(logs)  # Keras' multi-worker reduction needs vectors
+
+    def test_step(self, data):
+        # `evaluate` under a multi-worker strategy: Keras' logs need the same reshaping.
+        return CrossReplica().per_worker_logs(super().test_step(data))
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         # Keras builds the compiled metrics from the first batch after `strategy.reduce`-ing it,
@@ -481,11 +561,12 @@ class BayesianModel(keras.Model):
             )
 
     def _per_example_gradients(self, x, y, sample_weight, cross):
+        scale = self._example_loss_scale  # `loss_weights`: the rows are gradients of the batch loss
         if self.per_example_path == "dense_layers":
             return kt_dense_gradients.dense_layer_gradients(
-                self.net, self.loss, x, y, sample_weight, cross_replica=cross
+                self.net, self.loss, x, y, sample_weight, cross_replica=cross, loss_scale=scale
             )
-        rows = kt_grads.per_example_gradients(self.net, self.loss, x, y, sample_weight)
+        rows = kt_grads.per_example_gradients(self.net, self.loss, x, y, sample_weight, loss_scale=scale)
         return kt_grads.PerExampleGradients(tf.cast(rows, tf.float32), cross)
 
     def _apply_if_finite(self, variables, new_params, state, new_state, potential, cross) -> None:
@@ -526,6 +607,19 @@ class BayesianModel(keras.Model):
         if not self._state_variables:
             self.build()
 
+    def _warn_about_stochastic_layers(self) -> None:
+        """Warns once per model about layers that make U random or batch-coupled (samplers with
+        per-example gradients refuse them instead, see `grads.check_per_example_compatible`)."""
+        if self._runtime.warned_about_layers or self.sampler.needs_per_example_gradients:
+            return
+        self._runtime.warned_about_layers = True
+        for layer, kind, setting in kt_grads.stochastic_layers(self.net):
+            warnings.warn(
+                f"BayesianModel: layer {layer.name!r}, {setting}, {_TARGET_EFFECTS[kind]}.",
+                UserWarning,
+                stacklevel=3,
+            )
+
     def _attach_recorders(self, callbacks) -> None:
         from keras_thermo.callbacks import RecordingCallback  # noqa: PLC0415 (import cycle)
 
@@ -548,6 +642,7 @@ class BayesianModel(keras.Model):
             raise ValueError("Call `compile(loss=...)` on the BayesianModel before `fit`.")
         self._build_from_data(arguments.get("x"), arguments.get("y"), arguments.get("batch_size"))
         self._check_per_example_method()
+        self._warn_about_stochastic_layers()
         check_even_batches(
             self.distribute_strategy.num_replicas_in_sync, arguments.get("x"), arguments.get("batch_size"),
             arguments.get("validation_split", 0.0), arguments.get("steps_per_epoch"),
@@ -569,6 +664,7 @@ class BayesianModel(keras.Model):
         """`keras.Model.train_on_batch` (one sampler step), building the sampler state first."""
         self._build_from_data(x, y, None)
         self._check_per_example_method()
+        self._warn_about_stochastic_layers()
         self._runtime.diverged_at.assign(-1)
         logs = super().train_on_batch(
             x, y, sample_weight=sample_weight, class_weight=class_weight, return_dict=return_dict
