@@ -226,50 +226,8 @@ def _regression_problem(num_examples=4096, noise_std=0.19, seed=3):
     return x, y.astype(np.float32)
 
 
-def _sampling_check(make_sampler, *, num_chains, num_steps, batch_size=16):
-    """Posterior check; batches of 16 from 4096 examples: 256 steps per epoch, much longer than
-    the relaxation time (~10-20 steps), so the without-replacement minibatches of `fit` give
-    nearly independent gradient noise at the time scales that matter. (Both samplers' covariance
-    friction assumes independent noise; within an epoch the noise of successive batches is
-    anticorrelated, and on this problem 16 chains x 8000 steps resolve a residual ~-7% marginal
-    variance for CCAdL at h = 1e-3 and 2e-3 alike, below this test's resolution. With few
-    batches per epoch the effect is large: N = 512, n = 32 gives -75%.)"""
-    x, y = _regression_problem()
-    mean, cov = testing.linear_regression_posterior(x, y, prior_std=1.0)
-    result = testing.run_chains(
-        make_sampler, x, y, num_chains=num_chains, num_steps=num_steps, batch_size=batch_size,
-        burn_in_steps=num_steps // 5, log_keys=("kinetic_temperature", "xi"),
-    )
-    return testing.compare_with_gaussian(result.samples, mean, cov), result
-
-
-@pytest.mark.parametrize(
-    "name, make_sampler",
-    [
-        ("ccadl", lambda: CCAdL(1e-3, friction=10.0)),
-        ("mccadl", lambda: MCCAdL(1e-3, friction=10.0)),
-    ],
-)
-def test_samples_linear_regression_posterior(name, make_sampler):
-    check, result = _sampling_check(make_sampler, num_chains=6, num_steps=2500)
-    assert check.passed, f"{name}: {check.summary()}"
-    # With Sigma estimated well the thermostat has nothing left to absorb: xi stays near A.
-    xi = result.logs["xi"][:, 5:].mean()
-    assert 5.0 < xi < 20.0, f"{name}: mean xi {xi}"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "name, make_sampler",
-    [
-        ("ccadl-diag", lambda: CCAdL(1e-3, friction=10.0)),
-        ("ccadl-full", lambda: CCAdL(1e-3, friction=10.0, covariance="full")),
-        ("mccadl", lambda: MCCAdL(1e-3, friction=10.0)),
-    ],
-)
-def test_samples_linear_regression_posterior_long(name, make_sampler):
-    check, _ = _sampling_check(make_sampler, num_chains=16, num_steps=8000)
-    assert check.passed, f"{name}: {check.summary()}"
+# The posterior, thermostat, temperature, mass and sample-weight checks of both samplers are in
+# tests/test_statistical_ccadl.py.
 
 
 # --- Stability: where CCAdL's explicit friction breaks, and mCCAdL does not -------------------
@@ -310,7 +268,7 @@ def test_ccadl_diverges_above_the_predicted_step_size_and_mccadl_does_not():
 
     # Stability only: at twice CCAdL's limit mCCAdL does not diverge, but its discretisation
     # bias is large (over 8 batch orders its end points had an RMS of ~2.2 posterior stds per
-    # coordinate), so no accuracy is claimed here; test_samples_linear_regression_posterior
+    # coordinate), so no accuracy is claimed here; tests/test_statistical_ccadl.py
     # checks accuracy at ordinary step sizes.
     model = _fit(MCCAdL(2.0 * critical, friction=1.0), x, y, batch_size, steps=1024)
     assert model.sampler_step == 1024
