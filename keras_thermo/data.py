@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 import tensorflow as tf
 
+from keras_thermo import random as kt_random
 from keras_thermo._validation import check_int, check_number, check_seed
 
 # Shapes of the TFDS datasets of the TACT-HMC benchmarks (Luo et al. 2018, section 5.2).
@@ -647,3 +648,33 @@ def random_minibatches(x, y, batch_size: int, *, seed: int, with_replacement: bo
         return tf.gather(x, indices), tf.gather(y, indices)
 
     return tf.data.Dataset.range(2**62).map(draw)
+
+
+def keyed_minibatches(data: Any, batch_size: int, *, seed: int, first_batch: Any = 0) -> tf.data.Dataset:
+    """An endless stream of minibatches of the arrays in `data` (any nest), drawn with replacement.
+
+    Batch k's indices are a pure function of `(seed, k)` (stream `STREAM_DATA` of
+    `keras_thermo.random`), and the stream starts at batch `first_batch`: `BayesianModel.fit`
+    passes its step counter, so a run continued by another `fit` call, or resumed from a
+    checkpoint, draws the same minibatches as an uninterrupted run. `first_batch` may be a
+    variable: it is read when iteration starts (after `BackupAndRestore` has restored it).
+
+    Example:
+        >>> import numpy as np
+        >>> batches = keyed_minibatches((np.arange(10.0), np.arange(10)), 4, seed=0)
+        >>> [tuple(t.shape) for t in next(iter(batches))]
+        [(4,), (4,)]
+    """
+    leaves = [tf.convert_to_tensor(leaf) for leaf in tf.nest.flatten(data)]
+    num_examples = int(leaves[0].shape[0])
+
+    def draw(batch_index):
+        key = kt_random.step_key(seed, batch_index, kt_random.STREAM_DATA)
+        indices = tf.random.stateless_uniform([batch_size], seed=key, maxval=num_examples, dtype=tf.int64)
+        return tf.nest.pack_sequence_as(data, [tf.gather(leaf, indices) for leaf in leaves])
+
+    def from_first_batch(_):
+        start = tf.cast(tf.convert_to_tensor(first_batch), tf.int64)
+        return tf.data.Dataset.range(start, 2**62)
+
+    return tf.data.Dataset.from_tensors(0).flat_map(from_first_batch).map(draw)

@@ -18,6 +18,7 @@ STREAM_MOMENTUM = 1
 STREAM_MOMENTUM_2 = 2
 STREAM_TEMPERING = 3
 STREAM_TEMPERING_INIT = 4
+STREAM_DATA = 5  # minibatch indices drawn by `BayesianModel.fit` from arrays
 
 
 def step_key(seed: int, step: tf.Tensor, stream: int) -> tf.Tensor:

@@ -185,6 +185,10 @@ class ThermostatSampler(Sampler):
     (SGNHT, CCAdL, mCCAdL): argument checks, `p_0 ~ N(0, T M)`, `xi_0 = A` (float64, see
     `integrators`), and the keyword bundles of the O and D steps."""
 
+    #: Its thermostats absorb gradient noise assuming independent minibatches (`BayesianModel`
+    #: notes when a data pipeline's own batch order is used).
+    assumes_white_gradient_noise = True
+
     def __init__(self, step_size, friction: float = 1.0, thermal_mass: float | None = None, mass: float = 1.0):
         super().__init__(step_size)
         self.friction = check_positive("friction", friction)

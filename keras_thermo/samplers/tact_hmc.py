@@ -215,6 +215,10 @@ class TACTHMC(Sampler):
         Hamiltonian Monte Carlo for Bayesian learning", NeurIPS 2018.
     """
 
+    #: Its thermostats absorb gradient noise assuming independent minibatches (`BayesianModel`
+    #: notes when a data pipeline's own batch order is used).
+    assumes_white_gradient_noise = True
+
     name = "tact_hmc"
 
     def __init__(
