@@ -144,9 +144,12 @@ def test_mirrored_run_equals_single_device_run(name):
         )
     assert set(distributed_history.logs[0]) == set(single_history.logs[0])
     for key in single_history.logs[0]:
+        expected = np.asarray(single_history.series(key))
+        # -theta.F/Nd is a sum of terms that cancel (it crosses zero while its terms reach
+        # |theta.F|/Nd ~ max|value|): its summation-order error scales with the terms.
+        atol = RTOL * np.max(np.abs(expected)) if key == "configurational_temperature" else ATOL
         np.testing.assert_allclose(
-            distributed_history.series(key), single_history.series(key), rtol=RTOL, atol=ATOL,
-            err_msg=key,
+            distributed_history.series(key), expected, rtol=RTOL, atol=atol, err_msg=key,
         )
 
 
