@@ -187,6 +187,7 @@ FAULT_SAMPLER = "mccadl_vectorized"  # all-reduces, all-gathers and float64 ther
 FAULT_STEP = 6  # mid-epoch 2 (4 steps an epoch): the restart resumes from the end of epoch 1
 
 
+@pytest.mark.slow  # three two-process phases: 16-55 s on 2 cores
 def test_a_killed_worker_restarted_from_backup_ends_bit_identical(workers, tmp_path):
     """Worker 1 dies abruptly after step 6; both workers are then restarted on new ports with
     `BackupAndRestore`, resume from the end of epoch 1 and must end bit-identical (weights and
