@@ -629,7 +629,7 @@ def random_minibatches(x, y, batch_size: int, *, seed: int, with_replacement: bo
     num_examples = len(x)
     x, y = tf.constant(x), tf.constant(y)
     if batch_size >= num_examples:
-        return tf.data.Dataset.from_tensors((x, y)).repeat()
+        return mark_with_replacement(tf.data.Dataset.from_tensors((x, y)).repeat())  # no noise at all
     if not with_replacement:
         # One long epoch stream: per-epoch overhead would dominate a model this small.
         return (
@@ -647,7 +647,14 @@ def random_minibatches(x, y, batch_size: int, *, seed: int, with_replacement: bo
         )
         return tf.gather(x, indices), tf.gather(y, indices)
 
-    return tf.data.Dataset.range(2**62).map(draw)
+    return mark_with_replacement(tf.data.Dataset.range(2**62).map(draw))
+
+
+def mark_with_replacement(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """Marks a dataset whose minibatches are independent draws, so `BayesianModel.fit` does not
+    note that a pipeline's own batch order is used (the mark does not survive transformations)."""
+    dataset.draws_with_replacement = True
+    return dataset
 
 
 def keyed_minibatches(data: Any, batch_size: int, *, seed: int, first_batch: Any = 0) -> tf.data.Dataset:
@@ -677,4 +684,4 @@ def keyed_minibatches(data: Any, batch_size: int, *, seed: int, first_batch: Any
         start = tf.cast(tf.convert_to_tensor(first_batch), tf.int64)
         return tf.data.Dataset.range(start, 2**62)
 
-    return tf.data.Dataset.from_tensors(0).flat_map(from_first_batch).map(draw)
+    return mark_with_replacement(tf.data.Dataset.from_tensors(0).flat_map(from_first_batch).map(draw))

@@ -675,7 +675,7 @@ class BayesianModel(keras.Model):
         )
         if with_replacement and arguments.get("shuffle", True) and _is_array_data(arguments.get("x")):
             self._draw_array_minibatches_with_replacement(arguments)
-        elif not _is_array_data(arguments.get("x")):
+        elif not _is_array_data(arguments.get("x")) and not getattr(arguments.get("x"), "draws_with_replacement", False):
             self._note_pipeline_noise()
         callbacks = arguments.get("callbacks")
         check_no_learning_rate_callbacks(callbacks)
