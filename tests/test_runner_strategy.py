@@ -23,6 +23,7 @@ def _two_replica_strategy():
     return tf.distribute.MirroredStrategy(devices)
 
 
+@pytest.mark.slow  # every method under a 2-replica strategy through the CLI: ~17 s on 2 cores
 def test_mirrored_run_builds_every_method_under_the_strategy(tmp_path):
     """A quick digits run on 2 logical CPUs: a baseline and mCCAdL (whose C step gathers rows)."""
     config = tmp_path / "tiny.yaml"
