@@ -89,7 +89,15 @@ def _assert_thermostat(result, alpha):
     assert xi[:, after_burn_in].mean() > 5.0 + 2.0
 
 
-@pytest.mark.parametrize("name", sorted(REGIMES))
+# In the default suite's 10-minute budget: SGLD is checked by tests/test_statistical_sgld.py (with
+# a finer resolution than this regime's short run), and the symmetric splitting by mCCAdL's
+# checks in tests/test_statistical_ccadl.py; their short runs here join the slow set.
+SLOW_ONLY_SHORT = ("sgld-small-steps", "sgnht-symmetric-isotropic-noise")
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_ONLY_SHORT else n for n in sorted(REGIMES)]
+)
 def test_posterior_mean_and_variances_short(name):
     result, check = _run(name, **SHORT)
     assert check.passed, check.summary()

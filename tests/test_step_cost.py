@@ -27,6 +27,7 @@ def quick_run(tmp_path_factory):
     return out, returned
 
 
+@pytest.mark.slow  # the quick benchmark run takes ~30 s on 2 cores
 def test_quick_mode_times_every_method(quick_run):
     out, returned = quick_run
     results = load_strict_json(out / "results.json")
@@ -55,6 +56,7 @@ def test_quick_mode_times_every_method(quick_run):
         digits["timing"]["mccadl"]["median_ms_per_step"])
 
 
+@pytest.mark.slow  # the quick benchmark run takes ~30 s on 2 cores
 def test_quick_mode_breakdown_and_targets(quick_run):
     out, _ = quick_run
     results = load_strict_json(out / "results.json")
