@@ -299,3 +299,19 @@ def test_posterior_and_thermostat_long(name):
     assert check.passed, f"{name}: {check.summary()}"
     assert thermostat.passed, f"{name}: {thermostat.summary()}"
     _assert_resolution(check, thermostat, SLOW_RESOLUTION)
+
+
+if __name__ == "__main__":
+    # python tests/test_statistical_ccadl.py NAME [STEP_SIZE [SAMPLER]]: the posterior figures of
+    # one slow configuration (32 x 5000), optionally at another step size or with another sampler
+    # ("ccadl", "ccadl-full", "mccadl"): the commands behind the measured figures above.
+    import sys
+
+    chosen = SLOW[sys.argv[1]]
+    if len(sys.argv) > 2:
+        chosen = dataclasses.replace(chosen, step_size=float(sys.argv[2]))
+    if len(sys.argv) > 3:
+        chosen = dataclasses.replace(chosen, sampler=sys.argv[3])
+    run_result, _, _, exact_mean, exact_covariance = _run(chosen, 32, 5000)
+    verdict = testing.compare_with_gaussian(run_result.samples, exact_mean, exact_covariance, alpha=1e-3)
+    print(f"{chosen}: passed={verdict.passed}; {verdict.summary()}")
