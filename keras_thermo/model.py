@@ -38,7 +38,7 @@ from keras_thermo._distribute import (
     replica_local_variable,
     symbolic_inputs,
 )
-from keras_thermo._validation import check_choice, check_int, check_positive, check_seed
+from keras_thermo._validation import check_bool, check_choice, check_int, check_positive, check_seed
 
 #: How per-example gradient statistics are computed (samplers that need them: CCAdL, mCCAdL).
 PER_EXAMPLE_METHODS = ("auto", "vectorized", "dense_layers")
@@ -662,6 +662,7 @@ class BayesianModel(keras.Model):
         `with_replacement=False` (or `shuffle=False`) keeps Keras' own epochs. `tf.data`
         pipelines and `PyDataset`s are used as they are.
         """
+        with_replacement = check_bool("with_replacement", with_replacement)
         bound = inspect.signature(keras.Model.fit).bind(self, *args, **kwargs)
         arguments = bound.arguments
         if not self.compiled:

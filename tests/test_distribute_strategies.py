@@ -22,8 +22,9 @@ import tensorflow as tf
 
 import keras_thermo as kt
 from keras_thermo import _distribute
+from test_distribute import _arrays
+from test_distribute import _model as _model_from_factory
 
-N = 128
 GLOBAL_BATCH = 16
 RTOL, ATOL = 1e-4, 1e-5  # as tests/test_distribute.py: a few ulp of summation order per step
 REPO = Path(__file__).resolve().parent.parent
@@ -36,21 +37,9 @@ def _devices():
     return devices
 
 
-def _arrays():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(N, 3)).astype("float32")
-    y = (x @ np.array([[1.0], [-2.0], [0.5]]) + 0.3 * rng.normal(size=(N, 1))).astype("float32")
-    return x, y
-
-
 def _model(sampler, seed=11):
-    keras.utils.set_random_seed(1)
-    net = keras.Sequential(
-        [keras.Input((3,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)]
-    )
-    model = kt.BayesianModel(net, sampler, num_examples=N, prior=kt.priors.Gaussian(1.0), seed=seed)
-    model.compile(loss="mse")
-    return model
+    """tests/test_distribute.py's model, with this sampler instance."""
+    return _model_from_factory(lambda: sampler, seed)
 
 
 def _fit(model, steps):

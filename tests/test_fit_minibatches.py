@@ -175,3 +175,9 @@ if __name__ == "__main__":
         spread = (chains.var(axis=1, ddof=1) / exact_variance).std(ddof=1)
         print(f"with_replacement={replacement}: passed={result.passed}; {result.summary()}; "
               f"per-chain variance relative sd {spread:.3f}")
+
+
+def test_with_replacement_must_be_a_bool():
+    model = _model("sghmc", seed=0)
+    with pytest.raises(TypeError, match="`with_replacement` must be True or False, got 'yes'"):
+        model.fit(_data(), _data(), batch_size=BATCH, epochs=1, verbose=0, with_replacement="yes")

@@ -129,8 +129,17 @@ def thermostat(
     Returns a float64 scalar: the increment is formed and added in float64 (module doc), so a
     1% temperature error moves xi even when xi is in the hundreds.
     """
+    return thermostat_from_energy(
+        xi, twice_kinetic_energy(momentum, mass), tau,
+        thermal_mass=thermal_mass, num_params=num_params, temperature=temperature,
+    )
+
+
+def thermostat_from_energy(xi, twice_kinetic, tau, *, thermal_mass: float, num_params: int, temperature, mass=None):
+    """`thermostat` given `p.M^-1.p` already computed (the symmetric step also logs it)."""
+    del mass  # already in `twice_kinetic`
     f64 = THERMOSTAT_DTYPE
-    excess = tf.cast(twice_kinetic_energy(momentum, mass), f64) - num_params * tf.cast(temperature, f64)
+    excess = tf.cast(twice_kinetic, f64) - num_params * tf.cast(temperature, f64)
     return tf.cast(xi, f64) + (tf.cast(tau, f64) / thermal_mass) * excess
 
 
@@ -169,14 +178,17 @@ def symmetric_step(state, params, force, h, context, *, ou_kwargs, thermostat_kw
     new_params = drift(params, momentum, half, mass)  # A
     noise = context.normal(state.step, params, STREAM_MOMENTUM)
     momentum = ornstein_uhlenbeck(momentum, noise, state.xi, half, **ou_kwargs)  # O
-    num_params = thermostat_kwargs["num_params"]
-    kinetic = kinetic_temperature(momentum, mass, num_params)
-    xi = thermostat(state.xi, momentum, half, **thermostat_kwargs)  # D
+    energy = twice_kinetic_energy(momentum, mass)
+    xi = thermostat_from_energy(state.xi, energy, half, **thermostat_kwargs)  # D
     extras = None
     if covariance_step is not None:
         momentum, extras = covariance_step(momentum)  # C
-        kinetic = 0.5 * (kinetic + kinetic_temperature(momentum, mass, num_params))
-    xi = thermostat(xi, momentum, half, **thermostat_kwargs)  # D
+        energy_after_c = twice_kinetic_energy(momentum, mass)
+        xi = thermostat_from_energy(xi, energy_after_c, half, **thermostat_kwargs)  # D
+        energy = 0.5 * (energy + energy_after_c)
+    else:
+        xi = thermostat_from_energy(xi, energy, half, **thermostat_kwargs)  # D
+    kinetic = energy / float(thermostat_kwargs["num_params"])
     noise = context.normal(state.step, params, STREAM_MOMENTUM_2)
     momentum = ornstein_uhlenbeck(momentum, noise, xi, half, **ou_kwargs)  # O
     new_params = drift(new_params, momentum, half, mass)  # A; the closing B opens the next step
