@@ -34,9 +34,10 @@ class ParameterRecorder:
     """
 
     def __init__(self, num_params: int, capacity: int, burn_in_steps: int, every_n_steps: int):
-        self.burn_in_steps = burn_in_steps
         self.every_n_steps = every_n_steps
         self.capacity = capacity
+        # A variable, so an `EquilibrationCheck` can start the recording during `fit`.
+        self.burn_in_steps = replica_local_variable(tf.constant(burn_in_steps, tf.int64), name="recording_burn_in")
         # Per-replica copies under tf.distribute: only the first replica of each worker writes.
         self.values = replica_local_variable(tf.zeros([capacity, num_params]), name="recorded_values")
         self.steps = replica_local_variable(tf.zeros([capacity], tf.int64), name="recorded_steps")
@@ -81,21 +82,48 @@ class RecordingCallback(keras.callbacks.Callback):
     `consume(values, steps)`, called with each execution's recordings.
     """
 
-    def __init__(self, burn_in_steps: int = 0, every_n_steps: int = 1):
+    #: Burn-in of a recorder waiting for its `EquilibrationCheck` (no step is due before it).
+    NOT_STARTED = 2**62
+
+    def __init__(self, burn_in_steps=0, every_n_steps: int = 1):
         super().__init__()
+        from keras_thermo.equilibration import EquilibrationCheck  # noqa: PLC0415 (import cycle)
+
+        self.equilibration_check = None
+        if isinstance(burn_in_steps, EquilibrationCheck):
+            self.equilibration_check = burn_in_steps
+            burn_in_steps = self.NOT_STARTED
         self.burn_in_steps = check_int("burn_in_steps", burn_in_steps, low=0)
         self.every_n_steps = check_int("every_n_steps", every_n_steps, low=1)
         self.recorder: ParameterRecorder | None = None
+        self._sampling_period = 1
 
     def attach(self, model) -> ParameterRecorder:
         self._check_sampling_period(model.sampler)
+        self._sampling_period = int(getattr(model.sampler, "sample_every", None) or 1)
         steps_per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
         capacity = math.ceil(steps_per_execution / self.every_n_steps) + 1
         with model.distribute_strategy.scope():
             self.recorder = ParameterRecorder(
                 model.num_params, capacity, self.burn_in_steps, self.every_n_steps
             )
+        if self.equilibration_check is not None:
+            self.equilibration_check.link(self)
         return self.recorder
+
+    def burn_in_description(self) -> str:
+        """`burn_in_steps=...`, or that the recording waits for its `EquilibrationCheck`."""
+        if self.burn_in_steps == self.NOT_STARTED:
+            return "burn_in_steps=EquilibrationCheck, which has not yet found the run in band"
+        return f"burn_in_steps={self.burn_in_steps}"
+
+    def start_recording_at(self, step: int) -> None:
+        """Sets the burn-in to `step`, rounded up to a multiple of `every_n_steps` and of the
+        sampler's period, so the due steps still land on samples (called by the check)."""
+        period = math.lcm(self.every_n_steps, self._sampling_period)
+        self.burn_in_steps = -(-int(step) // period) * period
+        if self.recorder is not None:
+            self.recorder.burn_in_steps.assign(self.burn_in_steps)
 
     def _check_sampling_period(self, sampler) -> None:
         """Refuses settings under which no due step is ever a sample (samplers with a period K).
@@ -104,7 +132,7 @@ class RecordingCallback(keras.callbacks.Callback):
         gcd(every_n, K) divides burn_in.
         """
         period = getattr(sampler, "sample_every", None)
-        if not period:
+        if not period or self.equilibration_check is not None:
             return
         common = math.gcd(self.every_n_steps, int(period))
         if self.burn_in_steps % common:
@@ -215,9 +243,11 @@ class SampleCollector(RecordingCallback):
 # Defined in their own modules (they build on RecordingCallback above); exported here so every
 # callback is found in one place.
 from keras_thermo._histograms import TACTHistograms  # noqa: E402
+from keras_thermo.equilibration import EquilibrationCheck  # noqa: E402
 from keras_thermo.posterior import PosteriorAverage  # noqa: E402
 
 __all__ = [
+    "EquilibrationCheck",
     "ParameterRecorder",
     "PosteriorAverage",
     "RecordingCallback",

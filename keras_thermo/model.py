@@ -27,6 +27,7 @@ from keras.src.trainers.data_adapters import data_adapter_utils
 
 from keras_thermo import data as kt_data
 from keras_thermo import dense_gradients as kt_dense_gradients
+from keras_thermo import equilibration as kt_equilibration
 from keras_thermo import grads as kt_grads
 from keras_thermo import priors as kt_priors
 from keras_thermo import samplers as kt_samplers
@@ -85,6 +86,7 @@ class _Runtime:
 
     def __init__(self):
         self.recorders: list = []
+        self.temperature_recorders: list = []
         self.warned_about_layers = False
         self.noted_pipeline = False
         # One copy per replica (they agree): written inside the step, read by the callbacks.
@@ -99,6 +101,16 @@ def configurational_temperature(params, force) -> tf.Tensor:
     its running average is the check."""
     total = tf.add_n([tf.reduce_sum(tf.cast(theta, tf.float64) * tf.cast(f, tf.float64)) for theta, f in zip(params, force)])
     return tf.cast(-total / float(kt_samplers.base.num_scalars(params)), tf.float32)
+
+
+def _checks_first(callbacks):
+    """Moves `EquilibrationCheck`s to the front, so the epoch logs they add reach TensorBoard,
+    History and the progress bar (Keras passes one logs dict through the callbacks in order)."""
+    if callbacks is None or isinstance(callbacks, keras.callbacks.CallbackList):
+        return callbacks
+    callbacks = list(callbacks)
+    is_check = [isinstance(cb, kt_equilibration.EquilibrationCheck) for cb in callbacks]
+    return [cb for cb, c in zip(callbacks, is_check) if c] + [cb for cb, c in zip(callbacks, is_check) if not c]
 
 
 def _is_array_data(x) -> bool:
@@ -520,6 +532,8 @@ class BayesianModel(keras.Model):
         params = [tf.convert_to_tensor(v) for v in variables]
         new_params, new_state, diagnostics = self.sampler.update(state, params, force, context)
         self._apply_if_finite(variables, new_params, state, new_state, potential, cross)
+        if self._runtime.temperature_recorders:
+            self._record_temperatures(state, new_state, params, new_params, force)
 
         logs = self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
         logs = dict(logs)
@@ -602,6 +616,17 @@ class BayesianModel(keras.Model):
         for recorder in self._runtime.recorders:
             recorder.maybe_record(completed, is_sample, variables)
 
+    def _record_temperatures(self, state, new_state, params, new_params, force) -> None:
+        """Per-variable kinetic and configurational temperatures of a completed step, for the
+        `EquilibrationCheck` callbacks; steps that did not apply, or where the sampler is not at
+        T (TACT-HMC off its plateau), weigh 0."""
+        kinetic = self.sampler.variable_kinetic_temperatures(new_state, params, new_params)
+        configurational = kt_equilibration.variable_configurational_temperatures(params, force)
+        applied = self._runtime.diverged_at < 0
+        weight = tf.logical_and(applied, self.sampler.at_target_temperature(state))
+        for recorder in self._runtime.temperature_recorders:
+            recorder.record(weight, kinetic, configurational)
+
     # --- fit ----------------------------------------------------------------------------------
 
     def _build_from_data(self, x, y, batch_size) -> None:
@@ -639,12 +664,22 @@ class BayesianModel(keras.Model):
 
         if isinstance(callbacks, keras.callbacks.CallbackList):
             callbacks = callbacks.callbacks
-        recording = [cb for cb in (callbacks or []) if isinstance(cb, RecordingCallback)]
+        callbacks = list(callbacks or [])
+        checks = [cb for cb in callbacks if isinstance(cb, kt_equilibration.EquilibrationCheck)]
+        recording = [cb for cb in callbacks if isinstance(cb, RecordingCallback)]
+        for cb in recording:
+            if cb.equilibration_check is not None and cb.equilibration_check not in checks:
+                raise ValueError(
+                    f"{type(cb).__name__}(burn_in_steps=<EquilibrationCheck>) starts when that check "
+                    "says the run is in band, but the check is not among fit's `callbacks`; pass it too."
+                )
+        temperature_recorders = [cb.attach(self) for cb in checks]
         recorders = [cb.attach(self) for cb in recording]
-        if recorders or self._runtime.recorders:
+        if recorders or self._runtime.recorders or temperature_recorders or self._runtime.temperature_recorders:
             # The compiled step captures the recorders it writes to: rebuild it for this set.
             self.train_function = None
         self._runtime.recorders = recorders
+        self._runtime.temperature_recorders = temperature_recorders
 
     def fit(self, *args, with_replacement: bool = True, **kwargs):
         """`keras.Model.fit`, plus: builds the sampler state before the step is compiled, wires
@@ -678,7 +713,8 @@ class BayesianModel(keras.Model):
             self._draw_array_minibatches_with_replacement(arguments)
         elif not _is_array_data(arguments.get("x")) and not getattr(arguments.get("x"), "draws_with_replacement", False):
             self._note_pipeline_noise()
-        callbacks = arguments.get("callbacks")
+        callbacks = _checks_first(arguments.get("callbacks"))
+        arguments["callbacks"] = callbacks
         check_no_learning_rate_callbacks(callbacks)
         self._attach_recorders(callbacks)
         self._runtime.diverged_at.assign(-1)

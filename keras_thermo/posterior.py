@@ -328,7 +328,7 @@ class PosteriorAverage(RecordingCallback):
         """`[n, K]` weighted average of the samples' predictive probabilities."""
         if self._averager is None:
             raise ValueError(
-                f"No posterior sample has been averaged yet (burn_in_steps={self.burn_in_steps}, "
+                f"No posterior sample has been averaged yet ({self.burn_in_description()}, "
                 f"every_n_steps={self.every_n_steps}); run longer or lower burn_in_steps."
             )
         return self._averager.mean_probs

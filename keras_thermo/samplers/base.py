@@ -162,6 +162,26 @@ class Sampler:
         del state
         return tf.constant(True)
 
+    def variable_kinetic_temperatures(self, new_state: NamedTuple, params, new_params) -> Tensors:
+        """Each variable's kinetic temperature after a step, `p_v . M^-1 . p_v / n_v` (float32
+        scalars, one per variable in `params` order); each averages T at equilibrium.
+
+        `params` and `new_params` are the weights before and after the step (samplers without
+        momentum read their velocity from them)."""
+        del params, new_params
+        momentum = getattr(new_state, "momentum", None)
+        if momentum is None:
+            raise NotImplementedError(f"{type(self).__name__} has no momentum; override this method.")
+        mass = float(getattr(self, "mass", 1.0))
+        return [tf.reduce_sum(tf.square(tf.cast(p, tf.float32))) / (mass * float(num_scalars([p]))) for p in momentum]
+
+    def at_target_temperature(self, state: NamedTuple) -> tf.Tensor:
+        """Whether theta is sampled at the temperature T when the chain is at `state` (samplers
+        that temper theta, like TACT-HMC, say False off their plateau): the equilibration check
+        compares only such steps with T."""
+        del state
+        return tf.constant(True)
+
     def get_config(self) -> dict[str, Any]:
         step_size = self.step_size
         if isinstance(step_size, keras.optimizers.schedules.LearningRateSchedule):

@@ -60,3 +60,11 @@ class SGLD(Sampler):
             "step_size": eps,
         }
         return new_params, SGLDState(step=state.step + 1), diagnostics
+
+    def variable_kinetic_temperatures(self, new_state: SGLDState, params, new_params):
+        """Per variable, that of the velocity `dtheta / sqrt(eps)`: `|dtheta_v|^2 / (eps n_v)`."""
+        eps = self.step_size_at(new_state.step - 1)
+        return [
+            integrators.kinetic_temperature([new - old], eps, num_scalars([old]))
+            for old, new in zip(params, new_params)
+        ]

@@ -393,6 +393,16 @@ class TACTHMC(Sampler):
         }
         return new_params, new_state, diagnostics
 
+    def variable_kinetic_temperatures(self, new_state: TACTHMCState, params, new_params):
+        """`|r_v|^2 / (eta n_v)` per variable (r carries `eta T` per scalar at equilibrium)."""
+        del params, new_params
+        eta = self.step_size_at(new_state.step - 1)
+        return [integrators.twice_kinetic_energy([r], 1.0) / (float(num_scalars([r])) * eta) for r in new_state.momentum]
+
+    def at_target_temperature(self, state: TACTHMCState) -> tf.Tensor:
+        """On the plateau `|xi| <= xi0`, where `lambda(xi) = 1` and theta sees T itself."""
+        return tf.abs(state.xi) <= self.xi0
+
     def is_sample(self, state: TACTHMCState) -> tf.Tensor:
         """True when `step mod K == 0` and xi is on the plateau (`lambda(xi) = 1`)."""
         due = tf.equal(tf.math.floormod(state.step, self.sample_every), 0)

@@ -1,0 +1,421 @@
+"""Is the chain at its temperature? Batch-means checks of the kinetic and configurational
+temperatures, overall and per variable, and the burn-in they imply.
+
+At equilibrium of `exp(-U/T)` two averages equal T for any sampler:
+
+* the kinetic temperature `p_v . M^-1 . p_v / n_v` of each variable v (n_v scalars), which a
+  thermostat drives to T by construction, so it says little on its own;
+* the configurational temperature `theta_v . grad_v U / n_v`, by integrating `theta_i d_i U`
+  against `exp(-U/T)` by parts, coordinate by coordinate. Nothing forces it to T: a run that is
+  too hot, too cold or not yet equilibrated shows here first. With the step's own minibatch
+  force it costs nothing and stays unbiased (the minibatch force is unbiased given theta).
+
+`EquilibrationCheck` sums both, per variable, inside the compiled train step
+(`TemperatureRecorder`), cuts the run into blocks of `block_steps` steps, picks the burn-in by
+the MSER rule on the block means, and compares the post-burn-in means with T using batch-means
+standard errors. It says in the epoch logs whether the run is in band, warns once with the
+figures when not, writes per-variable block means to TensorBoard, and can start the recording
+callbacks (`PosteriorAverage`, `SampleCollector`) once the run is in band.
+
+References:
+    S. Nose, "A unified formulation of the constant temperature molecular dynamics methods",
+    J. Chem. Phys. 81 (1984): the configurational temperature by integration by parts.
+    C. J. Geyer, "Practical Markov chain Monte Carlo", Statist. Sci. 7 (1992): batch means.
+    K. P. White, "An effective truncation heuristic for bias reduction in simulation output",
+    Simulation 69 (1997): the MSER truncation rule.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from statistics import NormalDist
+from typing import Any, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_thermo._distribute import replica_local_variable
+from keras_thermo._validation import check_int, check_non_negative, check_number
+
+KINETIC, CONFIGURATIONAL = 0, 1
+KINDS = ("kinetic", "configurational")
+
+
+# --- statistics on block sums (plain numpy, exact-value tested) -------------------------------
+
+
+def batch_means(sums: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted mean and its batch-means standard error from per-block sums.
+
+    Block b holds `sums[b] = sum of w_t x_t` and `weights[b] = sum of w_t` over its steps (w_t =
+    1, or 0 on steps that do not count, such as TACT-HMC's steps off the plateau). The mean is
+    the ratio `sum(sums) / sum(weights)`; its variance is that of a ratio estimator over the
+    b non-empty blocks, `b / (b - 1) * sum((s_b - mean w_b)^2) / W^2`, which for equal weights is
+    the usual `var(block means) / b`. Needs at least two non-empty blocks (else the error is inf).
+
+    Args:
+        sums: `[B, ...]` per-block weighted sums.
+        weights: `[B]` per-block weights.
+
+    Returns:
+        `(mean, standard_error)`, each of shape `sums.shape[1:]`.
+
+    Example:
+        >>> mean, se = batch_means(np.array([1.0, 3.0]), np.array([1.0, 1.0]))
+        >>> float(mean), float(se)
+        (2.0, 1.0)
+    """
+    sums = np.asarray(sums, np.float64)
+    weights = np.asarray(weights, np.float64)
+    used = weights > 0
+    sums, weights = sums[used], weights[used]
+    count = len(weights)
+    shape = sums.shape[1:]
+    if count == 0:
+        return np.full(shape, np.nan), np.full(shape, np.inf)
+    total = weights.sum()
+    mean = sums.sum(axis=0) / total
+    if count < 2:
+        return mean, np.full(shape, np.inf)
+    extra = (1,) * len(shape)
+    residuals = sums - mean[None] * weights.reshape((count,) + extra)
+    variance = count / (count - 1) * np.square(residuals).sum(axis=0) / total**2
+    return mean, np.sqrt(variance)
+
+
+def mser_truncation(block_means: Sequence[float], max_fraction: float = 0.5) -> int:
+    """The MSER burn-in: how many leading blocks to drop.
+
+    Chooses `d` minimising `sum_{j >= d} (m_j - mean_{>= d})^2 / (B - d)^2`, the squared standard
+    error of the remaining mean, over `d <= max_fraction * B` (White 1997): dropping the
+    transient lowers the spread faster than it loses blocks; past the transient it does not.
+
+    Example:
+        >>> mser_truncation([5.0, 3.0, 1.0, 1.1, 0.9, 1.0, 1.05, 0.95])
+        2
+    """
+    means = np.asarray(block_means, np.float64)
+    count = len(means)
+    if count < 3:
+        return 0
+    scores = [
+        np.square(means[d:] - means[d:].mean()).sum() / (count - d) ** 2
+        for d in range(int(max_fraction * count) + 1)
+    ]
+    return int(np.argmin(scores))  # the first of equal scores: drop no more than needed
+
+
+def critical_value(confidence: float, num_checks: int) -> float:
+    """Two-sided normal quantile with a Bonferroni split over `num_checks` comparisons, so the
+    chance that an equilibrated run fails any of them stays below `1 - confidence`."""
+    alpha = (1.0 - confidence) / max(1, num_checks)
+    return NormalDist().inv_cdf(1.0 - alpha / 2.0)
+
+
+# --- in-graph sums ------------------------------------------------------------------------------
+
+
+class TemperatureRecorder:
+    """Per-variable temperature sums written by the compiled train step, drained by the callback.
+
+    `sums[k, v]` accumulates `w_t * temperature_k,v(t)` (k: kinetic, configurational) and
+    `weight` the `w_t`, in float64, since the last drain; `steps` counts the steps.
+    """
+
+    def __init__(self, num_variables: int):
+        self.sums = replica_local_variable(tf.zeros([2, num_variables], tf.float64), name="temperature_sums")
+        self.weight = replica_local_variable(tf.constant(0.0, tf.float64), name="temperature_weight")
+        self.steps = replica_local_variable(tf.constant(0, tf.int64), name="temperature_steps")
+
+    def record(self, weight: tf.Tensor, kinetic: Sequence[tf.Tensor], configurational: Sequence[tf.Tensor]) -> None:
+        w = tf.cast(weight, tf.float64)
+        values = tf.stack([tf.cast(tf.stack(list(kinetic)), tf.float64), tf.cast(tf.stack(list(configurational)), tf.float64)])
+        self.sums.assign_add(w * values)
+        self.weight.assign_add(w)
+        self.steps.assign_add(tf.constant(1, tf.int64))
+
+    def drain(self) -> tuple[np.ndarray, float, int]:
+        """Returns and clears `(sums [2, V], weight, steps)` since the last drain."""
+        sums, weight, steps = self.sums.numpy(), float(self.weight.numpy()), int(self.steps.numpy())
+        self.sums.assign(tf.zeros_like(self.sums))
+        self.weight.assign(tf.constant(0.0, tf.float64))
+        self.steps.assign(tf.constant(0, tf.int64))
+        return sums, weight, steps
+
+
+def variable_configurational_temperatures(params, force) -> list[tf.Tensor]:
+    """`-theta_v . F_v / n_v` per variable (float64), with the step's force `F = -grad U`."""
+    return [
+        -tf.reduce_sum(tf.cast(theta, tf.float64) * tf.cast(f, tf.float64)) / float(np.prod(theta.shape))
+        for theta, f in zip(params, force)
+    ]
+
+
+# --- the callback ---------------------------------------------------------------------------
+
+
+class EquilibrationCheck(keras.callbacks.Callback):
+    """Checks, while `fit` runs, that the chain samples at its temperature T.
+
+    After each epoch it compares the post-burn-in means of the kinetic and configurational
+    temperatures, overall and for every variable of at least `min_variable_size` scalars, with
+    T. A mean is in band when `|mean - T| <= max(z * standard error, rtol * T)`, the standard
+    error from batch means over blocks of `block_steps` steps and z the normal quantile for
+    `confidence` split (Bonferroni) over all the comparisons. The burn-in is the MSER
+    truncation of the overall block means (`burn_in_steps="auto"`) or a fixed count. For
+    samplers that temper theta (TACT-HMC) only the steps at T (on the plateau) count.
+
+    Epoch logs gain `equilibrated` (1 in band, 0 out of band, NaN while fewer than
+    `min_blocks` blocks follow the burn-in), `equilibration_step`, `mean_kinetic_temperature`
+    and `mean_configurational_temperature`. The first verdict out of band warns once, naming
+    the variables and figures. With `log_dir`, each block's means per variable go to
+    TensorBoard under `temperature/<kind>/<variable>` (run `temperatures`), with the custom
+    scalars layout of `keras_thermo.dashboard`.
+
+    Give it to a `PosteriorAverage` or `SampleCollector` as `burn_in_steps=check` to start
+    recording at the first block boundary where the run is in band.
+
+    Args:
+        burn_in_steps: `"auto"` (MSER) or the number of steps to drop.
+        block_steps: Steps per block (batch-means block; longer than the autocorrelation time).
+        min_blocks: Blocks after the burn-in needed for a verdict (>= 2).
+        confidence: Probability that an equilibrated run passes every comparison.
+        rtol: Deviations below `rtol * T` pass even when significant (0 = strict test).
+        min_variable_size: Variables with fewer scalars are reported but not judged (their
+            temperatures fluctuate too much to say anything).
+        log_dir: Optional TensorBoard directory.
+        warn: Whether to warn when out of band.
+        temperature: The T to compare with; None (default) takes the model's temperature.
+
+    Example:
+        >>> check = EquilibrationCheck(block_steps=50, min_blocks=10)
+        >>> # model.fit(x, y, epochs=20, callbacks=[check]); check.report()["equilibrated"]
+
+    Reference:
+        K. P. White, Simulation 69 (1997) (MSER); C. J. Geyer, Statist. Sci. 7 (1992) (batch
+        means).
+    """
+
+    def __init__(
+        self,
+        burn_in_steps: int | str = "auto",
+        block_steps: int = 100,
+        min_blocks: int = 10,
+        confidence: float = 0.99,
+        rtol: float = 0.05,
+        min_variable_size: int = 100,
+        log_dir: str | None = None,
+        warn: bool = True,
+        temperature: float | None = None,
+    ):
+        super().__init__()
+        if burn_in_steps != "auto":
+            if isinstance(burn_in_steps, str):
+                raise ValueError(f"`burn_in_steps` must be 'auto' or an int >= 0, got {burn_in_steps!r}.")
+            burn_in_steps = check_int("burn_in_steps", burn_in_steps, low=0)
+        self.burn_in_steps = burn_in_steps
+        self.block_steps = check_int("block_steps", block_steps, low=1)
+        self.min_blocks = check_int("min_blocks", min_blocks, low=2)
+        self.confidence = check_number("confidence", confidence, low=0.0, high=1.0, high_inclusive=False)
+        self.rtol = check_non_negative("rtol", rtol)
+        self.min_variable_size = check_int("min_variable_size", min_variable_size, low=1)
+        self.log_dir = log_dir
+        self.warn = bool(warn)
+        self.temperature = None if temperature is None else check_number("temperature", temperature, low=0.0)
+        self.recorder: TemperatureRecorder | None = None
+        self._linked: list = []
+        self._names: list[str] = []
+        self._sizes = np.zeros(0)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._blocks: list[tuple[int, int, float, np.ndarray]] = []  # (first step, last step, weight, sums)
+        self._open = None  # [first step, last step, weight, sums, steps]
+        self._step = 0
+        self._warned = False
+        self.equilibrated_at_step: int | None = None
+        self._writer = None
+
+    # wiring ------------------------------------------------------------------------------
+
+    def attach(self, model) -> TemperatureRecorder:
+        """Called by `BayesianModel.fit` before the train step is compiled."""
+        variables = model.trainable_variables
+        self._names = [getattr(v, "path", v.name) for v in variables]
+        self._sizes = np.array([int(np.prod(v.shape)) for v in variables], np.float64)
+        with model.distribute_strategy.scope():
+            self.recorder = TemperatureRecorder(len(variables))
+        self._step = int(model.sampler_step)
+        return self.recorder
+
+    def link(self, callback) -> None:
+        """Starts `callback` (a recording callback) when the run is first in band."""
+        self._linked.append(callback)
+        if self.equilibrated_at_step is not None:
+            callback.start_recording_at(self.equilibrated_at_step)
+
+    def on_train_begin(self, logs=None):
+        if self.log_dir and self._writer is None:
+            from keras_thermo import dashboard  # noqa: PLC0415 (TensorBoard imports are heavy)
+
+            dashboard.write_layout(self.log_dir)
+            self._writer = tf.summary.create_file_writer(f"{self.log_dir}/temperatures")
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._drain()
+
+    def on_train_end(self, logs=None):
+        self._drain()
+        if self._writer is not None:
+            self._writer.flush()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._drain()
+        report = self.report()
+        if logs is not None:
+            verdict = report["equilibrated"]
+            logs["equilibrated"] = math.nan if verdict is None else float(verdict)
+            logs["equilibration_step"] = float(report["equilibration_step"])
+            logs["mean_kinetic_temperature"] = report["overall"]["kinetic"]["mean"]
+            logs["mean_configurational_temperature"] = report["overall"]["configurational"]["mean"]
+        if report["equilibrated"] is False and self.warn and not self._warned:
+            self._warned = True
+            warnings.warn(self._describe_failures(report), UserWarning, stacklevel=2)
+
+    # accumulation ------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        if self.recorder is None:
+            return
+        sums, weight, steps = self.recorder.drain()
+        if steps == 0:
+            return
+        first = self._step + 1
+        self._step += steps
+        if self._open is None:
+            self._open = [first, self._step, 0.0, np.zeros_like(sums), 0]
+        self._open[1] = self._step
+        self._open[2] += weight
+        self._open[3] += sums
+        self._open[4] += steps
+        if self._open[4] >= self.block_steps:
+            first, last, weight, sums, _ = self._open
+            self._blocks.append((first, last, weight, sums))
+            self._open = None
+            self._on_block_closed(first, last, weight, sums)
+
+    def _on_block_closed(self, first: int, last: int, weight: float, sums: np.ndarray) -> None:
+        if self._writer is not None and weight > 0:
+            with self._writer.as_default(step=last):
+                means = sums / weight
+                for kind, row in zip(KINDS, means):
+                    for name, value in zip(self._names, row):
+                        tf.summary.scalar(f"temperature/{kind}/{name}", value)
+                    tf.summary.scalar(f"temperature/{kind}/overall", float(row @ self._sizes / self._sizes.sum()))
+                tf.summary.scalar("temperature/target", float(self._temperature()))
+        if self._linked and self.equilibrated_at_step is None and self.report()["equilibrated"]:
+            self.equilibrated_at_step = last
+            for callback in self._linked:
+                callback.start_recording_at(last)
+
+    def _temperature(self) -> float:
+        return self.temperature if self.temperature is not None else float(self.model.temperature)
+
+    # verdict -----------------------------------------------------------------------------
+
+    def _columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """`(first steps [B], weights [B], sums [B, 2, 1 + V])`: column 0 is the whole net
+        (size-weighted over variables), then each variable."""
+        if not self._blocks:
+            return np.zeros(0), np.zeros(0), np.zeros(0), np.zeros((0, 2, 1 + len(self._sizes)))
+        first = np.array([b[0] for b in self._blocks], np.int64)
+        last = np.array([b[1] for b in self._blocks], np.int64)
+        weights = np.array([b[2] for b in self._blocks])
+        per_variable = np.stack([b[3] for b in self._blocks])
+        overall = per_variable @ self._sizes / self._sizes.sum()
+        return first, last, weights, np.concatenate([overall[:, :, None], per_variable], axis=2)
+
+    def _burn_in_blocks(self, first: np.ndarray, weights: np.ndarray, sums: np.ndarray) -> int:
+        if self.burn_in_steps != "auto":
+            return int(np.searchsorted(first, self.burn_in_steps + 1))
+        used = np.flatnonzero(weights > 0)
+        if len(used) < 3:
+            return 0
+        means = sums[used, :, 0] / weights[used, None]
+        drop = max(mser_truncation(means[:, kind]) for kind in (KINETIC, CONFIGURATIONAL))
+        return int(used[drop])
+
+    def report(self) -> dict[str, Any]:
+        """The current figures: `equilibrated` (True, False, or None while pending),
+        `equilibration_step`, `num_blocks` after the burn-in, `temperature`, and for `overall`
+        and each entry of `variables` the `mean`, `standard_error` and `in_band` of each kind."""
+        temperature = self._temperature() if self.model is not None or self.temperature is not None else math.nan
+        first, last, weights, sums = self._columns()
+        drop = self._burn_in_blocks(first, weights, sums) if len(first) else 0
+        kept_weights, kept_sums = weights[drop:], sums[drop:]
+        num_blocks = int(np.count_nonzero(kept_weights > 0))
+        mean, error = batch_means(kept_sums, kept_weights) if num_blocks else (
+            np.full(sums.shape[1:], np.nan), np.full(sums.shape[1:], np.inf))
+        sizes = np.concatenate([[self._sizes.sum()], self._sizes])
+        judged = sizes >= self.min_variable_size
+        judged[0] = True
+        z = critical_value(self.confidence, 2 * int(judged.sum()))
+        band = np.maximum(z * error, self.rtol * temperature)
+        in_band = np.abs(mean - temperature) <= band
+        pending = num_blocks < self.min_blocks
+
+        def entry(column: int) -> dict[str, Any]:
+            return {
+                kind: {
+                    "mean": float(mean[k, column]),
+                    "standard_error": float(error[k, column]),
+                    "in_band": None if pending or not judged[column] else bool(in_band[k, column]),
+                }
+                for k, kind in enumerate(KINDS)
+            }
+
+        verdict = None if pending else bool(np.all(in_band[:, judged]))
+        return {
+            "equilibrated": verdict,
+            "equilibration_step": int(first[drop] - 1) if drop < len(first) else (int(last[-1]) if len(last) else 0),
+            "num_blocks": num_blocks,
+            "temperature": temperature,
+            "overall": entry(0),
+            "variables": [
+                {"name": name, "size": int(size), **entry(i + 1)}
+                for i, (name, size) in enumerate(zip(self._names, self._sizes))
+            ],
+        }
+
+    def _describe_failures(self, report: dict[str, Any]) -> str:
+        temperature = report["temperature"]
+        lines = []
+        for label, entry in [("the whole net", report["overall"])] + [(repr(v["name"]), v) for v in report["variables"]]:
+            for kind in KINDS:
+                figure = entry[kind]
+                if figure["in_band"] is False:
+                    lines.append(
+                        f"{kind} temperature of {label}: {figure['mean']:.4g} +- {figure['standard_error']:.2g} "
+                        f"(T = {temperature:g})"
+                    )
+        return (
+            "EquilibrationCheck: the run is not sampling at its temperature after step "
+            f"{report['equilibration_step']} ({report['num_blocks']} blocks): " + "; ".join(lines) + ". "
+            "Usual remedies: run longer (the burn-in may not be over), reduce step_size, increase "
+            "friction, or use a sampler that corrects for gradient noise (SGNHT, CCAdL, mCCAdL)."
+        )
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "burn_in_steps": self.burn_in_steps,
+            "block_steps": self.block_steps,
+            "min_blocks": self.min_blocks,
+            "confidence": self.confidence,
+            "rtol": self.rtol,
+            "min_variable_size": self.min_variable_size,
+            "log_dir": self.log_dir,
+            "warn": self.warn,
+            "temperature": self.temperature,
+        }

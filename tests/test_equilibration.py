@@ -1,0 +1,230 @@
+"""EquilibrationCheck: its statistics by hand, and on runs whose temperature is known.
+
+The fit-level cases sample the isotropic-noise linear regression of test_statistical.py, where
+SGNHT is exact; the same run checked against the wrong temperature must be flagged, so the
+check can fail. Network-scale runs are in test_statistical_networks.py (slow).
+"""
+
+import math
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from scipy import stats
+
+import keras_thermo as kt
+from keras_thermo import equilibration, testing
+
+# --- statistics by hand ---------------------------------------------------------------------
+
+
+def test_batch_means_of_equal_blocks_is_the_mean_and_the_spread_of_block_means_over_root_b():
+    sums = np.array([1.0, 2.0, 3.0, 6.0])
+    mean, error = equilibration.batch_means(sums, np.ones(4))
+    assert mean == pytest.approx(3.0)
+    assert error == pytest.approx(np.std(sums, ddof=1) / 2.0)
+
+
+def test_batch_means_weighs_blocks_and_ignores_empty_ones():
+    # Block means 2 (weight 1) and 5 (weight 3): mean (2 + 15) / 4; residuals s - mean w.
+    sums = np.array([2.0, 15.0, 0.0])
+    weights = np.array([1.0, 3.0, 0.0])
+    mean, error = equilibration.batch_means(sums, weights)
+    assert mean == pytest.approx(17.0 / 4.0)
+    residuals = np.array([2.0 - 17.0 / 4.0, 15.0 - 3.0 * 17.0 / 4.0])
+    assert error == pytest.approx(math.sqrt(2.0 * np.sum(residuals**2) / 16.0))
+
+
+def test_batch_means_of_fewer_than_two_blocks_has_no_error_estimate():
+    mean, error = equilibration.batch_means(np.array([[4.0, 2.0]]), np.array([2.0]))
+    np.testing.assert_allclose(mean, [2.0, 1.0])
+    assert np.all(np.isinf(error))
+    mean, error = equilibration.batch_means(np.zeros((0,)), np.zeros(0))
+    assert np.isnan(mean) and np.isinf(error)
+
+
+def test_mser_drops_the_transient_and_nothing_from_a_stationary_series():
+    rng = np.random.default_rng(0)
+    stationary = 1.0 + 0.05 * rng.standard_normal(40)
+    transient = np.concatenate([[4.0, 3.0, 2.0, 1.5], stationary])
+    assert equilibration.mser_truncation(transient) == 4
+    assert equilibration.mser_truncation(stationary) <= 4
+    assert equilibration.mser_truncation([2.0, 1.0]) == 0
+
+
+def test_critical_value_is_the_bonferroni_normal_quantile():
+    assert equilibration.critical_value(0.99, 1) == pytest.approx(stats.norm.ppf(0.995))
+    assert equilibration.critical_value(0.99, 10) == pytest.approx(stats.norm.ppf(1 - 0.01 / 20))
+
+
+def test_batch_means_band_covers_an_ar1_mean_at_its_nominal_rate():
+    # 400 AR(1) series (rho 0.9, tau_int 19) in 20 blocks of 500: the 99% band must hold the true
+    # mean 0 about 99% of the time; the naive iid error (ignoring correlation) would cover ~47%.
+    rng = np.random.default_rng(1)
+    rho, steps, blocks, series = 0.9, 10_000, 20, 400
+    x = np.zeros((series, steps))
+    x[:, 0] = rng.standard_normal(series) / math.sqrt(1 - rho**2)
+    noise = rng.standard_normal((series, steps))
+    for t in range(1, steps):
+        x[:, t] = rho * x[:, t - 1] + noise[:, t]
+    block_sums = x.reshape(series, blocks, -1).sum(axis=2)
+    z = equilibration.critical_value(0.99, 1)
+    covered = naive = 0
+    for row, sums in zip(x, block_sums):
+        mean, error = equilibration.batch_means(sums, np.full(blocks, steps / blocks))
+        covered += abs(mean) <= z * error
+        naive += abs(mean) <= z * row.std() / math.sqrt(steps)
+    # Binomial(400, 0.99) rarely drops below 390; t-quantile effects with 19 blocks lower the
+    # coverage of a normal z to ~98.5%.
+    assert covered >= 385
+    assert naive <= 300
+
+
+# --- the callback on runs ---------------------------------------------------------------------
+
+NUM_EXAMPLES = 500
+
+
+def _exact_sgnht():
+    # test_statistical.py's regime where SGNHT is exact (isotropic noise, batch 100).
+    return kt.samplers.SGNHT(step_size=2e-3, friction=5.0, thermal_mass=0.3)
+
+
+def _linear_regression_model(sampler, temperature=1.0, seed=0):
+    x, y = testing.linear_regression_data(NUM_EXAMPLES, 2, weight_scale=0.0, binary_features=True, seed=0)
+    net = testing.linear_regression_net(2)
+    for variable in net.trainable_variables:  # start at the posterior mean (the origin here)
+        variable.assign(np.zeros(variable.shape, np.float32))
+    model = kt.BayesianModel(
+        net, sampler=sampler, num_examples=NUM_EXAMPLES,
+        prior=kt.priors.Gaussian(std=1.0), temperature=temperature, seed=seed,
+    )
+    model.compile(loss="mse", steps_per_execution=50)
+    return model, x, y
+
+
+def _fit_with_check(temperature, check_temperature=None, epochs=30, **check_kwargs):
+    model, x, y = _linear_regression_model(_exact_sgnht(), temperature)
+    kwargs = dict(block_steps=100, min_blocks=10, rtol=0.0, min_variable_size=1, temperature=check_temperature)
+    kwargs.update(check_kwargs)
+    check = kt.callbacks.EquilibrationCheck(**kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = model.fit(x, y, batch_size=100, epochs=epochs, steps_per_epoch=100, callbacks=[check], verbose=0)
+    return check, history, [w for w in caught if "EquilibrationCheck" in str(w.message)]
+
+
+@pytest.fixture(scope="module")
+def hot_run_checked_at_two():
+    """SGNHT at T = 2 on the isotropic-noise regression: exact, so in band when checked at 2."""
+    return _fit_with_check(2.0)
+
+
+def test_an_exact_run_is_in_band_overall_and_per_variable(hot_run_checked_at_two):
+    check, history, caught = hot_run_checked_at_two
+    report = check.report()
+    assert report["equilibrated"] is True, report
+    assert report["num_blocks"] >= 10
+    for entry in [report["overall"]] + report["variables"]:
+        for kind in equilibration.KINDS:
+            assert entry[kind]["in_band"] is True
+            assert abs(entry[kind]["mean"] - 2.0) <= 5 * entry[kind]["standard_error"]
+    assert not caught
+    assert history.history["equilibrated"][-1] == 1.0
+    assert math.isnan(history.history["equilibrated"][0])  # one block after one epoch: pending
+    assert history.history["mean_configurational_temperature"][-1] == pytest.approx(
+        report["overall"]["configurational"]["mean"]
+    )
+
+
+def test_the_same_run_checked_at_the_wrong_temperature_is_flagged_and_warned():
+    check, history, caught = _fit_with_check(2.0, check_temperature=1.0, epochs=15)
+    report = check.report()
+    assert report["equilibrated"] is False
+    assert report["overall"]["configurational"]["in_band"] is False
+    assert history.history["equilibrated"][-1] == 0.0
+    assert len(caught) == 1  # once, not every epoch
+    message = str(caught[0].message)
+    assert "configurational temperature of the whole net" in message and "T = 1" in message
+    assert "reduce step_size" in message
+
+
+def test_kinetic_temperature_per_variable_matches_the_logged_one():
+    # The size-weighted mean of the per-variable kinetic temperatures is the logged scalar.
+    model, x, y = _linear_regression_model(kt.samplers.SGHMC(step_size=1e-3, friction=1.0))
+    model.fit(x[:50], y[:50], batch_size=50, epochs=1, verbose=0)
+    state = model.sampler_state()
+    params = [tf.convert_to_tensor(v) for v in model.trainable_variables]
+    per_variable = model.sampler.variable_kinetic_temperatures(state, params, params)
+    sizes = [int(np.prod(v.shape)) for v in params]
+    expected = sum(float(np.sum(np.square(p))) for p in state.momentum) / sum(sizes)
+    assert np.dot([float(t) for t in per_variable], sizes) / sum(sizes) == pytest.approx(expected, rel=1e-6)
+
+
+def test_sgld_velocity_and_tact_plateau():
+    sgld = kt.samplers.SGLD(step_size=0.04)
+    state = sgld.init([tf.zeros([2])], temperature=1.0, seed=0)._replace(step=tf.constant(1, tf.int64))
+    (value,) = sgld.variable_kinetic_temperatures(state, [tf.zeros([2])], [tf.constant([0.2, 0.4])])
+    assert float(value) == pytest.approx((0.04 + 0.16) / (0.04 * 2))
+    tact = kt.samplers.TACTHMC(step_size=1e-3)
+    state = tact.init([tf.zeros([3])], temperature=1.0, seed=0)
+    assert bool(tact.at_target_temperature(state._replace(xi=tf.constant(tact.xi0 * 0.9))))
+    assert not bool(tact.at_target_temperature(state._replace(xi=tf.constant(tact.xi0 * 1.1))))
+
+
+def test_recording_starts_when_the_check_finds_the_run_in_band(tmp_path):
+    model, x, y = _linear_regression_model(_exact_sgnht(), 2.0)
+    check = kt.callbacks.EquilibrationCheck(
+        block_steps=50, min_blocks=5, rtol=0.0, min_variable_size=1, log_dir=str(tmp_path)
+    )
+    collector = kt.callbacks.SampleCollector(burn_in_steps=check, every_n_steps=7)
+    assert "has not yet found the run in band" in collector.burn_in_description()
+    model.fit(x, y, batch_size=100, epochs=20, steps_per_epoch=100, callbacks=[collector, check], verbose=0)
+    start = check.equilibrated_at_step
+    assert start is not None and start % 50 == 0
+    assert collector.burn_in_steps == -(-start // 7) * 7
+    assert len(collector.steps) and collector.steps[0] == collector.burn_in_steps + 7
+    assert np.all(np.diff(collector.steps) == 7)
+    # Per-variable block means reached TensorBoard, and the layout was written.
+    tags = set()
+    for path in (tmp_path / "temperatures").iterdir():
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            tags.update(value.tag for value in event.summary.value)
+    assert {"temperature/kinetic/overall", "temperature/configurational/overall", "temperature/target"} <= tags
+    assert any(tag.startswith("temperature/configurational/") and tag.endswith("kernel") for tag in tags)
+
+
+def test_a_recording_callback_waiting_for_a_check_needs_the_check_in_fit():
+    model, x, y = _linear_regression_model(kt.samplers.SGLD(step_size=1e-3))
+    check = kt.callbacks.EquilibrationCheck()
+    collector = kt.callbacks.SampleCollector(burn_in_steps=check)
+    with pytest.raises(ValueError, match="not among fit's `callbacks`"):
+        model.fit(x, y, batch_size=50, epochs=1, callbacks=[collector], verbose=0)
+
+
+BAD_CHECK_INPUTS = [
+    (dict(burn_in_steps="mser"), ValueError, ["burn_in_steps", "'mser'", "'auto'"]),
+    (dict(burn_in_steps=-1), ValueError, ["burn_in_steps", "-1"]),
+    (dict(block_steps=0), ValueError, ["block_steps", "0"]),
+    (dict(min_blocks=1), ValueError, ["min_blocks", "1"]),
+    (dict(confidence=1.0), ValueError, ["confidence", "1.0"]),
+    (dict(rtol=-0.1), ValueError, ["rtol", "-0.1"]),
+    (dict(min_variable_size=0), ValueError, ["min_variable_size", "0"]),
+    (dict(temperature=0.0), ValueError, ["temperature", "0.0"]),
+]
+
+
+@pytest.mark.parametrize("kwargs, error, words", BAD_CHECK_INPUTS)
+def test_bad_check_arguments(kwargs, error, words):
+    with pytest.raises(error) as info:
+        kt.callbacks.EquilibrationCheck(**kwargs)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_check_config_round_trips():
+    check = kt.callbacks.EquilibrationCheck(burn_in_steps=300, block_steps=20, rtol=0.0, temperature=0.3)
+    again = kt.callbacks.EquilibrationCheck(**check.get_config())
+    assert again.get_config() == check.get_config()
