@@ -64,6 +64,7 @@ def tokens(images: np.ndarray) -> np.ndarray:
 
 def build(net: str, seed: int = 0):
     """`(keras model, inputs)` for a net name."""
+    keras.backend.clear_session()  # layer names restart, so variables read the same in every run
     keras.utils.set_random_seed(seed)
     images, labels = digits()
     if net == "mlp":

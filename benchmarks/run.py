@@ -32,7 +32,8 @@ Config schema (keys not listed are errors):
       steps_per_execution: 1
       seed: 0
     evaluation:
-      burn_in_epochs: 10               # or burn_in_steps
+      burn_in_epochs: 10               # or burn_in_steps; "auto": from an EquilibrationCheck
+      check_block_steps: 215           # its batch-means block (default 5 epochs)
       every_n_steps: 10                # thinning of the posterior average
       weighting: uniform               # or step_size (SGLD)
       num_bins: 15                     # ECE / reliability diagram bins
@@ -92,7 +93,7 @@ TOP_LEVEL_KEYS = {"name", "title", "extends", "only", "data", "model", "training
 DATA_KEYS = {"dataset", "options", "label_noise", "eval_batch_size"}
 MODEL_KEYS = {"builder", "options"}
 TRAINING_KEYS = {"epochs", "batch_size", "steps_per_execution", "seed"}
-EVALUATION_KEYS = {"burn_in_epochs", "burn_in_steps", "every_n_steps", "weighting", "num_bins"}
+EVALUATION_KEYS = {"burn_in_epochs", "burn_in_steps", "every_n_steps", "weighting", "num_bins", "check_block_steps"}
 METHOD_KEYS = {"label", "optimizer", "sampler", "options", "prior_std", "temperature", "evaluation"}
 QUICK_KEYS = {
     "epochs", "train_limit", "test_limit", "mock_examples", "burn_in_epochs", "burn_in_steps",
@@ -474,7 +475,9 @@ def _point_estimate_callback(test, num_bins: int):
 
 def _evaluation_schedule(config: dict, method: dict, steps_per_epoch: int, sampler) -> dict:
     evaluation = _merge(config["evaluation"], method.get("evaluation") or {})
-    if "burn_in_steps" in evaluation:
+    if evaluation.get("burn_in_steps") == "auto" or evaluation.get("burn_in_epochs") == "auto":
+        burn_in = "auto"  # from the EquilibrationCheck (run_method)
+    elif "burn_in_steps" in evaluation:
         burn_in = int(evaluation["burn_in_steps"])
     else:
         burn_in = int(round(float(evaluation.get("burn_in_epochs", 0)) * steps_per_epoch))
@@ -487,7 +490,8 @@ def _evaluation_schedule(config: dict, method: dict, steps_per_epoch: int, sampl
                 f"Method {method['label']!r}: every_n_steps={every} must be a multiple of the "
                 f"sampler's sample_every={period}, or no step is ever both due and a sample."
             )
-        burn_in = -(-burn_in // period) * period
+        if burn_in != "auto":
+            burn_in = -(-burn_in // period) * period
     return {
         "burn_in_steps": burn_in,
         "every_n_steps": every,
@@ -565,11 +569,17 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
                 temperature=float(method.get("temperature", 1.0)), seed=seed,
             )
             model.compile(loss=loss, steps_per_execution=int(training["steps_per_execution"]))
-        average = PosteriorAverage(
-            task.test, schedule["burn_in_steps"], schedule["every_n_steps"],
-            weighting=schedule["weighting"], num_bins=num_bins,
+        # Every sampler run reports its temperatures; `burn_in_steps: auto` also takes its
+        # burn-in from this check (averaging starts once the whole net is at T).
+        check = kt.callbacks.EquilibrationCheck(
+            block_steps=int(config["evaluation"].get("check_block_steps", 5 * task.train.steps_per_epoch)),
+            log_dir=str(log_dir), warn=verbose > 0,
         )
-        callbacks.insert(0, average)
+        burn_in = check if schedule["burn_in_steps"] == "auto" else schedule["burn_in_steps"]
+        average = PosteriorAverage(
+            task.test, burn_in, schedule["every_n_steps"], weighting=schedule["weighting"], num_bins=num_bins,
+        )
+        callbacks[:0] = [check, average]
         record.update(kind="sampler", sampler=sampler.get_config() | {"name": sampler.name}, evaluation=schedule)
     else:
         model = net
@@ -594,8 +604,20 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
     if average is not None:
         metrics = average.result()
         probs = average.predictions if average.num_samples else None
+        report = check.report()
+        record["temperatures"] = {
+            "equilibrated": report["equilibrated"],
+            "equilibration_step": report["equilibration_step"],
+            "averaging_started_at_step": average.burn_in_steps if average.num_samples else None,
+            **{f"{kind}_{part}": report["overall"][kind][part] for kind in ("kinetic", "configurational")
+               for part in ("mean", "standard_error")},
+            "variables": report["variables"],
+        }
         if status == "ok" and not average.num_samples:
-            status, message = "no_samples", "No posterior sample was taken: lower burn-in or run longer."
+            status, message = "no_samples", (
+                "No posterior sample was taken: lower burn-in or run longer"
+                + (" (the equilibration check never found the whole net at T)." if burn_in is check else ".")
+            )
     else:
         metrics = point.evaluate()
         metrics["num_samples"] = 1
@@ -625,6 +647,11 @@ def _number(value: Any, digits: int = 4) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
 
 
+def _temperature(temperatures: dict, kind: str) -> str:
+    mean, error = temperatures[f"{kind}_mean"], temperatures[f"{kind}_standard_error"]
+    return "n/a" if mean is None or not math.isfinite(mean) else f"{mean:.3f} +- {error:.3f}"
+
+
 def markdown_table(config: dict, runs: list[dict]) -> str:
     """Table 1 layout (accuracy, methods x % permuted labels), then every metric per run."""
     noises = list(dict.fromkeys(r["label_noise"] for r in runs))
@@ -650,16 +677,29 @@ def markdown_table(config: dict, runs: list[dict]) -> str:
         "",
         f"### {config['title']}: all metrics",
         "",
-        "| method | % permuted | accuracy | NLL | expected log loss | ECE | Brier | samples | time (s) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| method | % permuted | accuracy | NLL | expected log loss | ECE | Brier | samples | "
+        "kinetic T | configurational T | averaging from step | time (s) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for run in runs:
         m = run["metrics"]
+        t = run.get("temperatures")
+        temperatures = (
+            f"{_temperature(t, 'kinetic')} | {_temperature(t, 'configurational')} | "
+            f"{t['averaging_started_at_step'] if t['averaging_started_at_step'] is not None else 'n/a'}"
+            if t else "n/a | n/a | n/a"
+        )
         lines.append(
             f"| {run['label']} | {round(100 * run['label_noise'])}% | {_percent(m['accuracy'])} | "
             f"{_number(m['nll'])} | {_number(m['expected_log_loss'])} | {_number(m['ece'])} | "
-            f"{_number(m['brier'])} | {m['num_samples']} | {run['seconds']:.1f} |"
+            f"{_number(m['brier'])} | {m['num_samples']} | {temperatures} | {run['seconds']:.1f} |"
         )
+    lines += [
+        "",
+        "Temperatures: post-burn-in means of the whole net's kinetic and configurational "
+        "temperatures +- batch-means error (`EquilibrationCheck`); the configurational one "
+        "averages T at equilibrium whatever the sampler.",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -22,15 +22,17 @@ LAYOUT = [
         "Temperature",
         [
             (
-                "kinetic and configurational temperature against T",
+                "temperatures per epoch: last step, and running mean after burn-in",
                 [
                     r"(epoch|batch)_(mean_)?(kinetic|configurational)_temperature",
                     r"(epoch|batch)_effective_temperature",
-                    r"temperature/(kinetic|configurational)/overall",
-                    r"temperature/target",
                 ],
             ),
-            ("equilibrated (1 in band, 0 out)", [r"epoch_equilibrat.*"]),
+            (
+                "block means against T (x: sampler step)",
+                [r"temperature/(kinetic|configurational)/overall", r"temperature/target"],
+            ),
+            ("equilibrated (1 in band, 0 out)", [r"epoch_equilibrated$"]),
         ],
     ),
     (
@@ -42,7 +44,7 @@ LAYOUT = [
         ],
     ),
     (
-        "Per-variable temperatures",
+        "Per-variable temperatures (block means, x: sampler step)",
         [
             ("kinetic, per variable", [r"temperature/kinetic/.*"]),
             ("configurational, per variable", [r"temperature/configurational/.*"]),

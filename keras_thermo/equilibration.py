@@ -175,7 +175,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
     scalars layout of `keras_thermo.dashboard`.
 
     Give it to a `PosteriorAverage` or `SampleCollector` as `burn_in_steps=check` to start
-    recording at the first block boundary where the run is in band.
+    recording at the first block boundary where both temperatures of the whole net are in band.
 
     Args:
         burn_in_steps: `"auto"` (MSER) or the number of steps to drop.
@@ -315,10 +315,16 @@ class EquilibrationCheck(keras.callbacks.Callback):
                         tf.summary.scalar(f"temperature/{kind}/{name}", value)
                     tf.summary.scalar(f"temperature/{kind}/overall", float(row @ self._sizes / self._sizes.sum()))
                 tf.summary.scalar("temperature/target", float(self._temperature()))
-        if self._linked and self.equilibrated_at_step is None and self.report()["equilibrated"]:
+        if self._linked and self.equilibrated_at_step is None and self._whole_net_in_band(self.report()):
             self.equilibrated_at_step = last
             for callback in self._linked:
                 callback.start_recording_at(last)
+
+    @staticmethod
+    def _whole_net_in_band(report: dict[str, Any]) -> bool:
+        """Whether both temperatures of the whole net are in band (what starts linked recording:
+        per-variable misses are reported and warned about, but need not hold the average back)."""
+        return all(report["overall"][kind]["in_band"] for kind in KINDS)
 
     def _temperature(self) -> float:
         return self.temperature if self.temperature is not None else float(self.model.temperature)
