@@ -162,7 +162,9 @@ def _load_chains(name: str, value: Any, layout: str, ndim: int):
     if value.dtype == object or not np.issubdtype(value.dtype, np.number):
         raise TypeError(f"`{name}` must hold real numbers {layout}, got dtype {value.dtype}.")
     if value.ndim != ndim:
-        hint = " (one chain? R-hat compares several: stack chains along a new axis 0)" if value.ndim == ndim - 1 else ""
+        hint = ""
+        if value.ndim == ndim - 1:
+            hint = " (one chain? R-hat compares several: stack chains along a new axis 0)"
         raise ValueError(f"`{name}` must be {layout}, got shape {value.shape}{hint}.")
     if value.shape[0] < 2:
         raise ValueError(

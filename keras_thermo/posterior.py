@@ -417,7 +417,8 @@ def _sample_source(samples: Any) -> _SampleSource:
                 f"[num_chains, num_samples, num_params], got shape {shape}."
             )
         if len(shape) == 3:  # Pool the chains: [C, S, Nd] -> [C * S, Nd], a view for arrays.
-            samples = tf.reshape(samples, [-1, shape[2]]) if tf.is_tensor(samples) else samples.reshape(-1, shape[2])
+            reshape = tf.reshape if tf.is_tensor(samples) else np.reshape
+            samples = reshape(samples, [-1, shape[2]])
         return _SampleSource(samples, int(np.prod(shape[:-1])), shape[:2] if len(shape) == 3 else None)
     if isinstance(samples, Iterable):
         count = len(samples) if hasattr(samples, "__len__") else None
