@@ -169,13 +169,20 @@ class SampleCollector(RecordingCallback):
     on only every second incoming sample is kept (the kept samples stay evenly spaced over the
     whole run; `steps` says which step each came from).
 
+    Each recording is what the model's `ParameterRecorder` holds per row: `[Nd]` for one
+    chain, or `[C, Nd]` when the recorder keeps C chains that step together; then `samples`
+    is `[C, S, Nd]` (chain axis first, as `keras_thermo.diagnostics` and
+    `keras_thermo.predict_posterior` take it) and `steps` is shared by the chains.
+
     Args:
         burn_in_steps: Steps to skip before collecting.
         every_n_steps: Collection period (thinning) after burn-in.
-        max_samples: Upper bound on stored samples (memory `max_samples * Nd * 4` bytes).
+        max_samples: Upper bound on stored samples per chain (memory
+            `max_samples * C * Nd * 4` bytes).
 
     Attributes:
-        samples: `np.ndarray [S, Nd]` float32, flattened in `model.trainable_variables` order.
+        samples: `np.ndarray [S, Nd]` (or `[C, S, Nd]`) float32, flattened in
+            `model.trainable_variables` order.
         steps: `np.ndarray [S]`, the step (number of completed steps) of each sample.
 
     Example:
@@ -193,8 +200,9 @@ class SampleCollector(RecordingCallback):
 
     def attach(self, model) -> ParameterRecorder:
         recorder = super().attach(model)
-        if self._values is None or self._values.shape[1] != model.num_params:
-            self._values = np.zeros([self.max_samples, model.num_params], np.float32)
+        record_shape = tuple(int(d) for d in recorder.values.shape[1:])  # [Nd] or [C, Nd]
+        if self._values is None or self._values.shape[1:] != record_shape:
+            self._values = np.zeros([self.max_samples, *record_shape], np.float32)
             self._size = 0
             self._seen = 0
             self._keep_every = 1
@@ -224,9 +232,13 @@ class SampleCollector(RecordingCallback):
 
     @property
     def samples(self) -> np.ndarray:
+        """`[S, Nd]`, or `[C, S, Nd]` for recordings of C chains (a copy)."""
         if self._values is None:
             return np.zeros((0, 0), np.float32)
-        return self._values[: self._size].copy()
+        kept = self._values[: self._size]
+        if kept.ndim == 3:  # Stored [S, C, Nd] as recorded; chains first for the user.
+            return np.ascontiguousarray(np.swapaxes(kept, 0, 1))
+        return kept.copy()
 
     @property
     def steps(self) -> np.ndarray:

@@ -15,6 +15,14 @@ Two log losses appear in the SG-MCMC literature and both are here:
 
 By Jensen's inequality `nll <= expected_log_loss`; the gap measures how much averaging over
 the posterior helps. `PredictiveAverager` accumulates both while samples stream in.
+
+Epistemic uncertainty splits the same way (Depeweg et al. 2018; Smith & Gal 2018). Per example,
+the *predictive entropy* `H[p_bar]` of the averaged distribution is the total uncertainty, the
+*expected entropy* `(1/S) sum_s H[p_s]` the part every sample already has (aleatoric), and
+their difference, the *mutual information* between the label and the parameters,
+`I = H[p_bar] - (1/S) sum_s H[p_s] >= 0`, the part that comes from the samples disagreeing.
+`PredictiveMixture` streams all three; `ood_auroc` scores any of them as a detector of
+out-of-distribution inputs.
 """
 
 from __future__ import annotations
@@ -65,8 +73,8 @@ def _check_labels(labels: Any, num_examples: int | None, num_classes: int | None
     return array
 
 
-def _check_probs_and_labels(probs: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Returns (probs float64 [n, K], labels int64 [n]) after validating both."""
+def _check_probs(probs: Any) -> np.ndarray:
+    """Returns `probs` as float64 `[n, K]` after checking shape, range and row sums."""
     p = np.asarray(probs, dtype=np.float64)
     if p.ndim != 2 or p.shape[0] < 1 or p.shape[1] < 1:
         raise ValueError(
@@ -84,6 +92,12 @@ def _check_probs_and_labels(probs: Any, labels: Any) -> tuple[np.ndarray, np.nda
             f"{float(row_sums[worst])!r}. Pass probabilities, not logits "
             f"(see `probabilities_from_logits`)."
         )
+    return p
+
+
+def _check_probs_and_labels(probs: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Returns (probs float64 [n, K], labels int64 [n]) after validating both."""
+    p = _check_probs(probs)
     return p, _check_labels(labels, p.shape[0], p.shape[1])
 
 
@@ -302,6 +316,107 @@ def log_loss_from_logits(logits: Any, labels: Any) -> float:
     return float(-np.mean(log_p[np.arange(log_p.shape[0]), y]))
 
 
+def _entropy_of_rows(p: np.ndarray) -> np.ndarray:
+    """`-sum_k p_k log p_k` per row, with `0 log 0 = 0`."""
+    safe_log = np.log(np.where(p > 0.0, p, 1.0))
+    return 0.0 - np.sum(p * safe_log, axis=1)  # 0.0 - x, not -x: a sure row gives 0.0, not -0.0
+
+
+def entropy(probs: Any) -> np.ndarray:
+    """Shannon entropy of each row, `H[p_i] = -sum_k p_ik log p_ik` in nats (`0 log 0 = 0`).
+
+    Applied to the posterior-averaged predictive distribution this is the predictive entropy,
+    the total uncertainty about each label; it lies in `[0, log K]`.
+
+    Args:
+        probs: `[n, K]` probabilities; rows sum to 1.
+
+    Returns:
+        `[n]` float64 entropies.
+
+    Example:
+        >>> entropy([[0.5, 0.5], [1.0, 0.0]]).round(6)  # log 2, and 0 for a sure prediction
+        array([0.693147, 0.      ])
+    """
+    return _entropy_of_rows(_check_probs(probs))
+
+
+def _sample_distribution(logits: Any, probs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(probabilities [n, K], entropies [n]) of one sample's logits or probabilities.
+
+    From logits the entropy uses the log-softmax directly, so classes whose probability
+    underflows to 0 in float64 still contribute their (vanishing) `p log p` exactly.
+    """
+    if (logits is None) == (probs is None):
+        raise ValueError("Pass exactly one of `logits` and `probs` to `update`.")
+    if logits is not None:
+        log_p = _log_probabilities_from_logits(logits)
+        p = np.exp(log_p)
+        return p, 0.0 - np.sum(p * log_p, axis=1)
+    p = _check_probs(probs)
+    return p, _entropy_of_rows(p)
+
+
+def _check_scores(name: str, scores: Any) -> np.ndarray:
+    array = np.asarray(scores)
+    if array.dtype == object or not (
+        np.issubdtype(array.dtype, np.number) or array.dtype == bool
+    ) or np.issubdtype(array.dtype, np.complexfloating):
+        raise TypeError(f"`{name}` must hold real numbers, got dtype {array.dtype}.")
+    array = array.astype(np.float64)
+    if array.ndim != 1 or array.shape[0] < 1:
+        raise ValueError(
+            f"`{name}` must be a non-empty 1-D array of scores [n], got shape {array.shape}."
+        )
+    if np.any(np.isnan(array)):
+        raise ValueError(
+            f"`{name}` must not contain NaN, got {int(np.isnan(array).sum())} NaN entries "
+            f"(at index {int(np.argmax(np.isnan(array)))} first)."
+        )
+    return array
+
+
+def ood_auroc(in_distribution_scores: Any, out_of_distribution_scores: Any) -> float:
+    """Area under the ROC curve of a score that should be higher out of distribution.
+
+    The AUROC of the detector "flag x as out-of-distribution (OOD) when score(x) > t", over all
+    thresholds t, with the OOD examples as the positive class. It equals the Mann-Whitney
+    statistic: the probability that a random OOD example scores higher than a random
+    in-distribution one, a tie counting one half,
+
+        AUROC = (#{(i, o): s_o > s_i} + 1/2 #{(i, o): s_o = s_i}) / (n_in n_out).
+
+    1 separates perfectly, 0.5 is chance (or a constant score), 0 ranks every OOD example
+    below every in-distribution one. The pair counts are integers, so the result is exact;
+    cost `O((n_in + n_out) log n_in)`. Typical scores are the predictive entropy or the mutual
+    information of `PredictiveMixture` / `keras_thermo.predict_posterior` (higher = more
+    uncertain). Infinite scores are ranked as usual; NaN is refused.
+
+    Args:
+        in_distribution_scores: `[n_in]` scores of held-out in-distribution examples.
+        out_of_distribution_scores: `[n_out]` scores of out-of-distribution examples.
+
+    Returns:
+        The AUROC in `[0, 1]`.
+
+    Example:
+        >>> # Pairs (in, out): 1 < 2, 1 < 3, 2 = 2 (half), 2 < 3: (3 + 0.5) / 4.
+        >>> ood_auroc([1.0, 2.0], [2.0, 3.0])
+        0.875
+
+    References:
+        Mann & Whitney (1947), Annals of Mathematical Statistics 18(1); Hanley & McNeil (1982),
+        The meaning and use of the area under a ROC curve, Radiology 143(1).
+    """
+    inside = np.sort(_check_scores("in_distribution_scores", in_distribution_scores))
+    outside = _check_scores("out_of_distribution_scores", out_of_distribution_scores)
+    below = np.searchsorted(inside, outside, side="left")  # in-distribution scores < s_o
+    not_above = np.searchsorted(inside, outside, side="right")  # ... <= s_o
+    # Twice the Mann-Whitney U: 2 per pair won plus 1 per tie = below + not_above.
+    twice_u = int(np.sum(below, dtype=np.int64)) + int(np.sum(not_above, dtype=np.int64))
+    return twice_u / (2 * inside.shape[0] * outside.shape[0])
+
+
 def expected_log_loss(per_sample_log_losses: Any, weights: Any = None) -> float:
     """Posterior expected log loss: the (weighted) mean of per-sample mean test log losses.
 
@@ -346,13 +461,114 @@ def expected_log_loss(per_sample_log_losses: Any, weights: Any = None) -> float:
     return float(np.sum(w * losses) / np.sum(w))
 
 
-class PredictiveAverager:
+class PredictiveMixture:
+    """Streams posterior samples' predictive distributions into their average and its entropies.
+
+    Each `update` takes one posterior sample's predictions on the same `n` examples (logits or
+    probabilities) and an optional weight `w_s` (e.g. SGLD's step size). Kept are two running
+    sums, `sum_s w_s p_s` `[n, K]` and `sum_s w_s H[p_s]` `[n]`, so memory is `O(n K)` however
+    many samples arrive. From them, per example:
+
+    - `mean_probs`: `p_bar = sum_s w_s p_s / sum_s w_s`, the posterior predictive;
+    - `predictive_entropy`: `H[p_bar]`, the total uncertainty;
+    - `expected_entropy`: `sum_s w_s H[p_s] / sum_s w_s`, the aleatoric part;
+    - `mutual_information`: `H[p_bar] - expected_entropy`, the epistemic part (Depeweg et al.
+      2018, eq. 5; Smith & Gal 2018, eq. 4). It equals the weighted mean of
+      `KL(p_s || p_bar)`, so it is >= 0 and is 0 exactly when all samples agree; the
+      subtraction can leave a float64 rounding residue below 0 (|.| ~ 1e-16 log K), which is
+      set to 0.
+
+    No labels are needed; `PredictiveAverager` adds the labelled metrics.
+
+    Example:
+        >>> mixture = PredictiveMixture()
+        >>> mixture.update(probs=[[1.0, 0.0], [0.5, 0.5]])
+        >>> mixture.update(probs=[[0.0, 1.0], [0.5, 0.5]])
+        >>> mixture.predictive_entropy.round(4)  # both examples: p_bar = [0.5, 0.5]
+        array([0.6931, 0.6931])
+        >>> mixture.expected_entropy.round(4)  # sure samples vs two coin flips
+        array([0.    , 0.6931])
+        >>> mixture.mutual_information.round(4)  # disagreement vs agreement
+        array([0.6931, 0.    ])
+
+    References:
+        Depeweg, Hernandez-Lobato, Doshi-Velez, Udluft (2018), Decomposition of uncertainty in
+        Bayesian deep learning for efficient and risk-sensitive learning, ICML; Smith & Gal
+        (2018), Understanding measures of uncertainty for adversarial example detection, UAI.
+    """
+
+    def __init__(self):
+        self._weighted_probs: np.ndarray | None = None
+        self._weighted_entropy: np.ndarray | None = None
+        self._total_weight = 0.0
+        self.num_samples = 0
+
+    def update(self, *, logits: Any = None, probs: Any = None, weight: float = 1.0) -> None:
+        """Adds one sample's `[n, K]` predictions; pass exactly one of `logits` and `probs`.
+
+        A single logit column `[n, 1]` is binary (see `probabilities_from_logits`). `weight`
+        is a finite real >= 0.
+        """
+        weight = check_number("weight", weight, low=0.0, low_inclusive=True)
+        sample_probs, sample_entropy = _sample_distribution(logits, probs)
+        if self._weighted_probs is None:
+            self._weighted_probs = np.zeros_like(sample_probs)
+            self._weighted_entropy = np.zeros_like(sample_entropy)
+        elif sample_probs.shape != self._weighted_probs.shape:
+            raise ValueError(
+                f"Each update must predict {self._weighted_probs.shape} (examples, classes), "
+                f"got {sample_probs.shape}."
+            )
+        self._weighted_probs += weight * sample_probs
+        self._weighted_entropy += weight * sample_entropy
+        self._total_weight += weight
+        self.num_samples += 1
+
+    @property
+    def total_weight(self) -> float:
+        """Sum of the weights of the samples so far."""
+        return self._total_weight
+
+    def _check_ready(self) -> None:
+        if self._weighted_probs is None:
+            raise ValueError("No samples yet: call `update` before reading results.")
+        if not self._total_weight > 0:
+            raise ValueError(
+                f"The {self.num_samples} samples so far all have weight 0; the average needs a "
+                "positive total weight."
+            )
+
+    @property
+    def mean_probs(self) -> np.ndarray:
+        """`[n, K]` weighted average of the samples' predictive probabilities."""
+        self._check_ready()
+        return self._weighted_probs / self._total_weight
+
+    @property
+    def predictive_entropy(self) -> np.ndarray:
+        """`[n]` entropy of the averaged predictive distribution (total uncertainty)."""
+        return _entropy_of_rows(self.mean_probs)
+
+    @property
+    def expected_entropy(self) -> np.ndarray:
+        """`[n]` weighted mean of the samples' own entropies (aleatoric uncertainty)."""
+        self._check_ready()
+        return self._weighted_entropy / self._total_weight
+
+    @property
+    def mutual_information(self) -> np.ndarray:
+        """`[n]` predictive minus expected entropy (epistemic uncertainty), >= 0."""
+        return np.maximum(self.predictive_entropy - self.expected_entropy, 0.0)
+
+
+class PredictiveAverager(PredictiveMixture):
     """Streams posterior samples' predictions into the averaged predictive and its metrics.
 
     Each `update` takes one posterior sample's predictions on the same `n` test examples
     (logits or probabilities) and an optional weight. Memory is `O(n K)`, independent of the
     number of samples. `result()` returns the metrics of the averaged predictive distribution
-    together with the posterior expected log loss of the individual samples.
+    together with the posterior expected log loss of the individual samples; the per-example
+    entropies and mutual information of `PredictiveMixture` are available too.
 
     Args:
         labels: `[n]` integer test labels.
@@ -367,16 +583,14 @@ class PredictiveAverager:
     """
 
     def __init__(self, labels: Any, num_bins: int = 15):
+        super().__init__()
         self.labels = _check_labels(labels, None, None)
         if self.labels.shape[0] < 1 or self.labels.min() < 0:
             raise ValueError(
                 f"`labels` must be a non-empty array of integers >= 0, got {labels!r}."
             )
         self.num_bins = check_int("num_bins", num_bins, low=1)
-        self._weighted_probs: np.ndarray | None = None
         self._weighted_loss = 0.0
-        self._total_weight = 0.0
-        self.num_samples = 0
 
     def update(self, *, logits: Any = None, probs: Any = None, weight: float = 1.0) -> None:
         """Adds one posterior sample's predictions; pass exactly one of `logits` and `probs`.
@@ -386,31 +600,12 @@ class PredictiveAverager:
         """
         if (logits is None) == (probs is None):
             raise ValueError("Pass exactly one of `logits` and `probs` to `update`.")
-        weight = check_number("weight", weight, low=0.0)
         if logits is not None:
-            sample_probs = probabilities_from_logits(logits)
             sample_loss = log_loss_from_logits(logits, self.labels)
         else:
-            sample_probs, _ = _check_probs_and_labels(probs, self.labels)
-            sample_loss = nll(sample_probs, self.labels)
-        if self._weighted_probs is None:
-            self._weighted_probs = np.zeros_like(sample_probs)
-        elif sample_probs.shape != self._weighted_probs.shape:
-            raise ValueError(
-                f"Each update must predict {self._weighted_probs.shape} (examples, classes), "
-                f"got {sample_probs.shape}."
-            )
-        self._weighted_probs += weight * sample_probs
-        self._weighted_loss += weight * sample_loss
-        self._total_weight += weight
-        self.num_samples += 1
-
-    @property
-    def mean_probs(self) -> np.ndarray:
-        """`[n, K]` weighted average of the samples' predictive probabilities."""
-        if self._weighted_probs is None:
-            raise ValueError("No samples yet: call `update` before reading results.")
-        return self._weighted_probs / self._total_weight
+            sample_loss = nll(probs, self.labels)
+        super().update(logits=logits, probs=probs, weight=weight)
+        self._weighted_loss += float(weight) * sample_loss
 
     def result(self) -> dict[str, float]:
         """Metrics: accuracy, nll, brier, ece (averaged predictive), expected_log_loss."""

@@ -11,18 +11,26 @@ step sizes (Welling & Teh 2011, eq. 11).
 - `PosteriorAverage` is a callback: it keeps the running average over held-out `data` while
   `BayesianModel.fit` samples, and reports its metrics into the epoch logs.
 - `predict_posterior` and `evaluate_posterior` do the same afterwards from stored samples (a
-  `SampleCollector`, an array, a `.npy` file read lazily, or any iterable of vectors).
+  `SampleCollector`, an array, a `.npy` file read lazily, or any iterable of vectors; samples
+  of several chains, `[C, S, Nd]`, are pooled).
+- `predict_samples` keeps each sample's own predictions, `[S, n, K]` or `[C, S, n, K]`, for
+  convergence checks of the predictive (`keras_thermo.diagnostics.summary`).
+
+Alongside the average, `PosteriorAverage` and `predict_posterior(..., return_uncertainty=True)`
+give per example the predictive entropy, the expected entropy and their difference, the mutual
+information between label and parameters (epistemic uncertainty; see
+`keras_thermo.metrics.PredictiveMixture`).
 
 Predictions at a sample are computed without touching the model's variables: the flattened
 sample is split into tensors shaped like `model.trainable_variables` and substituted for them
 inside a `keras.StatelessScope`, so the sampler's current position is never disturbed.
-Memory is one `[n, K]` running sum, however many samples there are.
+Memory is one `[n, K]` and one `[n]` running sum, however many samples there are.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, NamedTuple
 
 import keras
 import numpy as np
@@ -30,7 +38,7 @@ import tensorflow as tf
 
 from keras_thermo import grads as kt_grads
 from keras_thermo import metrics as kt_metrics
-from keras_thermo._validation import check_choice, check_int
+from keras_thermo._validation import check_bool, check_choice, check_int
 from keras_thermo.callbacks import ParameterRecorder, RecordingCallback, SampleCollector
 from keras_thermo.samplers.base import num_scalars
 
@@ -172,13 +180,8 @@ class _SamplePredictor:
             return stacked, None
         return stacked, np.concatenate(labels, axis=0)
 
-    def probabilities(self, outputs: np.ndarray) -> np.ndarray:
-        if self.outputs == "logits":
-            return kt_metrics.probabilities_from_logits(outputs)
-        return np.asarray(outputs, np.float64)
 
-
-def _update(averager: kt_metrics.PredictiveAverager, outputs: np.ndarray, kind: str, weight: float) -> None:
+def _update(averager: kt_metrics.PredictiveMixture, outputs: np.ndarray, kind: str, weight: float) -> None:
     if kind == "logits":
         averager.update(logits=outputs, weight=weight)
     else:
@@ -203,7 +206,10 @@ class PosteriorAverage(RecordingCallback):
     plateau of its tempering variable), exactly also when `steps_per_execution > 1`: the
     compiled step records them and this callback evaluates them after each execution. Each
     sample's predictive probabilities are added to one weighted running sum `[n, K]` (memory
-    independent of the run length), and each sample's own test log loss to a running mean.
+    independent of the run length), each sample's own test log loss to a running mean, and
+    each sample's per-example entropy to a running sum `[n]`, which gives the per-example
+    `predictive_entropy`, `expected_entropy` and `mutual_information` (epistemic uncertainty,
+    `keras_thermo.metrics.PredictiveMixture`).
 
     At the end of every epoch the metrics are written into `logs`, so `History`, the progress
     bar of the next epoch and `keras.callbacks.TensorBoard` receive them (list this callback
@@ -231,6 +237,9 @@ class PosteriorAverage(RecordingCallback):
 
     Attributes:
         predictions: `[n, K]` averaged predictive probabilities (float64).
+        predictive_entropy: `[n]` entropy of `predictions` (total uncertainty).
+        expected_entropy: `[n]` weighted mean of the samples' own entropies (aleatoric part).
+        mutual_information: `[n]` their difference, >= 0 (epistemic part).
         num_samples: Samples averaged so far.
 
     Example:
@@ -245,6 +254,8 @@ class PosteriorAverage(RecordingCallback):
         >>> history = model.fit(x, y, batch_size=16, epochs=2, callbacks=[avg], verbose=0)
         >>> avg.result()["num_samples"], history.history["num_samples"]
         (2, [0, 2])
+        >>> avg.mutual_information.shape, bool(np.all(avg.mutual_information >= 0))
+        ((64,), True)
 
     Reference:
         Welling & Teh (2011), Bayesian learning via stochastic gradient Langevin dynamics,
@@ -323,15 +334,33 @@ class PosteriorAverage(RecordingCallback):
     def num_samples(self) -> int:
         return 0 if self._averager is None else self._averager.num_samples
 
-    @property
-    def predictions(self) -> np.ndarray:
-        """`[n, K]` weighted average of the samples' predictive probabilities."""
+    def _filled_averager(self) -> kt_metrics.PredictiveAverager:
         if self._averager is None:
             raise ValueError(
                 f"No posterior sample has been averaged yet ({self.burn_in_description()}, "
                 f"every_n_steps={self.every_n_steps}); run longer or lower burn_in_steps."
             )
-        return self._averager.mean_probs
+        return self._averager
+
+    @property
+    def predictions(self) -> np.ndarray:
+        """`[n, K]` weighted average of the samples' predictive probabilities."""
+        return self._filled_averager().mean_probs
+
+    @property
+    def predictive_entropy(self) -> np.ndarray:
+        """`[n]` entropy of the averaged predictive distribution, in nats."""
+        return self._filled_averager().predictive_entropy
+
+    @property
+    def expected_entropy(self) -> np.ndarray:
+        """`[n]` weighted mean over samples of each sample's predictive entropy, in nats."""
+        return self._filled_averager().expected_entropy
+
+    @property
+    def mutual_information(self) -> np.ndarray:
+        """`[n]` predictive minus expected entropy: the samples' disagreement, in nats."""
+        return self._filled_averager().mutual_information
 
     @property
     def labels(self) -> np.ndarray | None:
@@ -367,52 +396,69 @@ class PosteriorAverage(RecordingCallback):
 # After sampling, from stored samples
 
 
-def _sample_source(samples: Any) -> tuple[Iterable[Any], int | None]:
-    """(iterable of vectors, count or None) from the accepted kinds of sample stores."""
+class _SampleSource(NamedTuple):
+    vectors: Iterable[Any]  # flattened parameter vectors, chains one after another
+    count: int | None  # number of vectors, None for an iterable of unknown length
+    chain_shape: tuple[int, int] | None  # (C, S) for several chains, None for one
+
+
+def _sample_source(samples: Any) -> _SampleSource:
+    """Vectors, their count and their chain layout, from the accepted kinds of sample stores."""
     if isinstance(samples, SampleCollector):
         samples = samples.samples
     if isinstance(samples, (str, os.PathLike)):
         # Memory-mapped: rows are read from disk one at a time.
         samples = np.load(os.fspath(samples), mmap_mode="r")
     if isinstance(samples, np.ndarray) or tf.is_tensor(samples):
-        if len(samples.shape) != 2:
+        shape = tuple(int(d) for d in samples.shape)
+        if len(shape) not in (2, 3):
             raise ValueError(
-                f"`samples` must be a 2-D array [num_samples, num_params], got shape "
-                f"{tuple(samples.shape)}."
+                f"`samples` must be a 2-D array [num_samples, num_params] or a 3-D array "
+                f"[num_chains, num_samples, num_params], got shape {shape}."
             )
-        return samples, int(samples.shape[0])
+        if len(shape) == 3:  # Pool the chains: [C, S, Nd] -> [C * S, Nd], a view for arrays.
+            reshape = tf.reshape if tf.is_tensor(samples) else np.reshape
+            samples = reshape(samples, [-1, shape[2]])
+        return _SampleSource(samples, int(np.prod(shape[:-1])), shape[:2] if len(shape) == 3 else None)
     if isinstance(samples, Iterable):
         count = len(samples) if hasattr(samples, "__len__") else None
-        return samples, count
+        return _SampleSource(samples, count, None)
     raise TypeError(
-        "`samples` must be an array [num_samples, num_params], a SampleCollector, the path of a "
-        f".npy file, or an iterable of parameter vectors; got {type(samples).__name__}."
+        "`samples` must be an array [num_samples, num_params] or [num_chains, num_samples, "
+        "num_params], a SampleCollector, the path of a .npy file, or an iterable of parameter "
+        f"vectors; got {type(samples).__name__}."
     )
 
 
-def _sample_weights(weights: Any, count: int | None) -> np.ndarray | None:
+def _sample_weights(weights: Any, source: _SampleSource) -> np.ndarray | None:
     if weights is None:
         return None
     array = np.asarray(weights, np.float64)
+    count = source.count
+    if source.chain_shape is not None and array.shape == source.chain_shape:
+        array = array.reshape(-1)  # [C, S] weights of pooled chains, in the samples' order
     if array.ndim != 1 or (count is not None and array.shape[0] != count):
-        raise ValueError(
-            f"`weights` must be a 1-D array with one weight per sample ({count}), got shape "
-            f"{array.shape}."
-        )
+        allowed = f"one weight per sample ({count})"
+        if source.chain_shape is not None:
+            allowed += f", or shape {source.chain_shape} (chains, samples)"
+        raise ValueError(f"`weights` must be a 1-D array with {allowed}, got shape {array.shape}.")
     if not np.all(np.isfinite(array)) or np.any(array < 0):
         raise ValueError(f"`weights` must be finite and non-negative, got {array[:5].tolist()}...")
     return array
 
 
 def _stream(model, samples, data, weights, outputs, verbose) -> Iterator[tuple[np.ndarray, np.ndarray | None, float]]:
-    """Yields (outputs [n, K], labels or None, weight) for each stored sample, with a progress bar."""
+    """Yields (outputs [n, K], labels or None, weight) for each stored sample, with a progress bar.
+
+    `samples` is a store as `predict_posterior` accepts, or a `_SampleSource` made from one.
+    """
     outputs = check_choice("outputs", outputs, OUTPUTS)
-    source, count = _sample_source(samples)
-    weight_array = _sample_weights(weights, count)
+    source = samples if isinstance(samples, _SampleSource) else _sample_source(samples)
+    weight_array = _sample_weights(weights, source)
     predictor = _SamplePredictor(model, outputs)
-    progress = keras.utils.Progbar(count, verbose=verbose, unit_name="sample")
+    progress = keras.utils.Progbar(source.count, verbose=verbose, unit_name="sample")
     index = -1
-    for index, vector in enumerate(source):
+    for index, vector in enumerate(source.vectors):
         if weight_array is not None and index >= weight_array.shape[0]:
             raise ValueError(f"`weights` has {weight_array.shape[0]} entries but there are more samples.")
         vector = predictor.check_vector(vector, f"samples[{index}]")
@@ -423,6 +469,24 @@ def _stream(model, samples, data, weights, outputs, verbose) -> Iterator[tuple[n
         raise ValueError("`samples` is empty: at least one posterior sample is needed.")
 
 
+class PosteriorPrediction(NamedTuple):
+    """What `predict_posterior(..., return_uncertainty=True)` returns; float64 arrays.
+
+    Attributes:
+        probs: `[n, K]` averaged predictive probabilities.
+        predictive_entropy: `[n]` entropy of `probs`, the total uncertainty (nats).
+        expected_entropy: `[n]` weighted mean of each sample's entropy, the aleatoric part.
+        mutual_information: `[n]` `predictive_entropy - expected_entropy` >= 0, the epistemic
+            part: how much the samples disagree. A score for out-of-distribution inputs
+            (`keras_thermo.metrics.ood_auroc`).
+    """
+
+    probs: np.ndarray
+    predictive_entropy: np.ndarray
+    expected_entropy: np.ndarray
+    mutual_information: np.ndarray
+
+
 def predict_posterior(
     model: keras.Model,
     samples: Any,
@@ -431,30 +495,38 @@ def predict_posterior(
     weights: Any = None,
     outputs: str = "logits",
     batch_size: int = 256,
+    return_uncertainty: bool = False,
     verbose: int = 1,
-) -> np.ndarray:
+) -> np.ndarray | PosteriorPrediction:
     """Posterior predictive probabilities on new inputs, averaged over stored samples.
 
-    Computes `sum_s w_s p(y | x, theta_s) / sum_s w_s` one sample at a time (memory `[n, K]`
-    plus one sample), with a progress bar over the samples. The model's own weights are not
-    changed.
+    Computes `sum_s w_s p(y | x, theta_s) / sum_s w_s` one sample at a time, with a progress
+    bar over the samples, and with it the running sum of each sample's per-example entropy
+    (`keras_thermo.metrics.PredictiveMixture`): memory `[n, K] + [n]` plus one sample. Samples
+    of several chains are pooled. The model's own weights are not changed.
 
     Args:
         model: The model the samples belong to (a `BayesianModel` or its `net`: both have the
             same trainable variables); built.
         samples: Flattened parameter vectors in `model.trainable_variables` order: an array
-            `[S, Nd]` (e.g. `SampleCollector.samples`), a `SampleCollector`, the path of a
-            `.npy` file (memory-mapped, so a long run's store need not fit in memory; write it
-            with `np.save` or `np.lib.format.open_memmap`), or any iterable of `[Nd]` vectors.
+            `[S, Nd]` (e.g. `SampleCollector.samples`) or `[C, S, Nd]` (C chains, pooled), a
+            `SampleCollector`, the path of a `.npy` file holding either (memory-mapped, so a
+            long run's store need not fit in memory; write it with `np.save` or
+            `np.lib.format.open_memmap`), or any iterable of `[Nd]` vectors.
         x: Inputs: an array (or structure of arrays), or a `tf.data.Dataset` of `x` or
             `(x, y)` batches (labels are ignored).
-        weights: Optional `[S]` non-negative weights (e.g. SGLD step sizes); default uniform.
+        weights: Optional non-negative weights (e.g. SGLD step sizes), `[S]`, or `[C, S]` or
+            `[C * S]` for chains; default uniform.
         outputs: What the model returns, `"logits"` or `"probabilities"`.
         batch_size: Batch size for array inputs.
+        return_uncertainty: If True, return a `PosteriorPrediction` with the per-example
+            predictive entropy, expected entropy and mutual information besides the
+            probabilities.
         verbose: 1 shows a `keras.utils.Progbar` over the samples, 0 is silent.
 
     Returns:
-        `[n, K]` float64 averaged predictive probabilities (a binary logit gives `K = 2`).
+        `[n, K]` float64 averaged predictive probabilities (a binary logit gives `K = 2`), or a
+        `PosteriorPrediction` when `return_uncertainty=True`.
 
     Example:
         >>> import keras, numpy as np
@@ -462,20 +534,76 @@ def predict_posterior(
         >>> samples = np.zeros((4, net.count_params()), "float32")  # all-zero weights
         >>> predict_posterior(net, samples, np.ones((5, 2), "float32"), verbose=0)[0].round(3)
         array([0.333, 0.333, 0.333])
+        >>> # Two samples that agree on nothing: the uncertainty is all epistemic.
+        >>> samples = np.zeros((2, net.count_params()), "float32")
+        >>> samples[0, -3:], samples[1, -3:] = [50.0, 0.0, 0.0], [0.0, 50.0, 0.0]  # the biases
+        >>> result = predict_posterior(net, samples, np.ones((1, 2), "float32"),
+        ...                            return_uncertainty=True, verbose=0)
+        >>> result.probs.round(3), result.expected_entropy.round(3), result.mutual_information.round(3)
+        (array([[0.5, 0.5, 0. ]]), array([0.]), array([0.693]))
+    """
+    return_uncertainty = check_bool("return_uncertainty", return_uncertainty)
+    data = _EvaluationData(x, batch_size, name="x")
+    mixture = kt_metrics.PredictiveMixture()
+    for sample_outputs, _, weight in _stream(model, samples, data, weights, outputs, verbose):
+        _update(mixture, sample_outputs, outputs, weight)
+    if not mixture.total_weight > 0:
+        raise ValueError(f"`weights` must have a positive sum, got {mixture.total_weight!r}.")
+    if not return_uncertainty:
+        return mixture.mean_probs
+    return PosteriorPrediction(
+        mixture.mean_probs, mixture.predictive_entropy, mixture.expected_entropy,
+        mixture.mutual_information,
+    )
+
+
+def predict_samples(
+    model: keras.Model,
+    samples: Any,
+    x: Any,
+    *,
+    outputs: str = "logits",
+    batch_size: int = 256,
+    verbose: int = 1,
+) -> np.ndarray:
+    """Each stored sample's own predictive probabilities on `x`, not averaged.
+
+    Memory is `S n K` (`C S n K` for chains) float64: meant for a held-out batch, e.g. to
+    check convergence of the predictive with `keras_thermo.diagnostics.summary(probs=...)`,
+    where the R-hat of each (example, class) probability is a figure a network of millions of
+    weights still yields in a readable size.
+
+    Args:
+        model: The model the samples belong to; built.
+        samples: Stored samples, as for `predict_posterior`: `[S, Nd]`, `[C, S, Nd]`, a
+            `SampleCollector`, a `.npy` path or an iterable of `[Nd]` vectors.
+        x: Inputs: an array (or structure of arrays), or a finite `tf.data.Dataset`.
+        outputs: What the model returns, `"logits"` or `"probabilities"`.
+        batch_size: Batch size for array inputs.
+        verbose: 1 shows a progress bar over the samples.
+
+    Returns:
+        `[S, n, K]` float64 probabilities, or `[C, S, n, K]` for samples given as `[C, S, Nd]`.
+
+    Example:
+        >>> import keras, numpy as np
+        >>> net = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3)])
+        >>> chains = np.zeros((4, 10, net.count_params()), "float32")  # [C, S, Nd]
+        >>> predict_samples(net, chains, np.ones((5, 2), "float32"), verbose=0).shape
+        (4, 10, 5, 3)
     """
     data = _EvaluationData(x, batch_size, name="x")
-    total, weight_sum = None, 0.0
-    for sample_outputs, _, weight in _stream(model, samples, data, weights, outputs, verbose):
-        probs = (
-            kt_metrics.probabilities_from_logits(sample_outputs)
-            if outputs == "logits"
-            else np.asarray(sample_outputs, np.float64)
-        )
-        total = weight * probs if total is None else total + weight * probs
-        weight_sum += weight
-    if not weight_sum > 0:
-        raise ValueError("`weights` must have a positive sum.")
-    return total / weight_sum
+    source = _sample_source(samples)
+    probs = []
+    for sample_outputs, _, _ in _stream(model, source, data, None, outputs, verbose):
+        if outputs == "logits":
+            probs.append(kt_metrics.probabilities_from_logits(sample_outputs))
+        else:
+            probs.append(np.asarray(sample_outputs, np.float64))
+    stacked = np.stack(probs)
+    if source.chain_shape is not None:
+        return stacked.reshape(source.chain_shape + stacked.shape[1:])
+    return stacked
 
 
 def evaluate_posterior(
@@ -527,4 +655,10 @@ def evaluate_posterior(
     return averager.result()
 
 
-__all__ = ["PosteriorAverage", "predict_posterior", "evaluate_posterior"]
+__all__ = [
+    "PosteriorAverage",
+    "PosteriorPrediction",
+    "evaluate_posterior",
+    "predict_posterior",
+    "predict_samples",
+]

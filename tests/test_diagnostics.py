@@ -19,8 +19,12 @@ closed form misses by far more.
 
 import numpy as np
 import pytest
+from scipy import stats
+from scipy.special import softmax
 
-from keras_thermo.diagnostics import effective_sample_size, potential_scale_reduction
+from keras_thermo import diagnostics
+from keras_thermo.callbacks import SampleCollector
+from keras_thermo.diagnostics import effective_sample_size, potential_scale_reduction, summary
 
 
 def ar1_chains(rng, phi, num_draws, num_columns):
@@ -155,3 +159,190 @@ def test_split_rhat_flags_a_drifting_chain():
 def test_invalid_inputs(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# --------------------------------------------------------------------------------------------
+# summary: split R-hat and ESS across chains, condensed
+
+
+def ar1_chain_array(rng, phi, num_chains, num_draws, num_columns, centres=None):
+    """[C, S, D] stationary AR(1) chains of unit variance around `centres` [C] (default 0)."""
+    flat = ar1_chains(rng, phi, num_draws, num_chains * num_columns)  # [S, C * D]
+    chains = flat.reshape(num_draws, num_chains, num_columns).transpose(1, 0, 2)
+    if centres is not None:
+        chains = chains + np.asarray(centres, np.float64)[:, None, None]
+    return chains
+
+
+def test_summary_condenses_tfps_per_scalar_statistics(monkeypatch):
+    rng = np.random.default_rng(10)
+    chains = rng.normal(size=(3, 40, 7)) + 0.3 * rng.normal(size=(3, 1, 7))  # chains disagree a bit
+    rhat = potential_scale_reduction(chains)
+    ess = effective_sample_size(chains)
+    report = summary(chains, quantiles=(0.1, 0.9), rhat_threshold=1.05)
+    assert set(report) == {"parameters"}
+    section = report["parameters"]
+    assert (section["num_chains"], section["num_draws"], section["num_scalars"], section["num_constant"]) == (3, 40, 7, 0)
+    order_statistic = lambda values, q: float(np.quantile(values, q, method="inverted_cdf"))  # noqa: E731
+    assert section["rhat"] == {
+        "worst": pytest.approx(rhat.max(), rel=1e-12),
+        "worst_index": int(np.argmax(rhat)),
+        "median": pytest.approx(order_statistic(rhat, 0.5), rel=1e-12),
+        "quantiles": {"q10": pytest.approx(order_statistic(rhat, 0.1), rel=1e-12),
+                      "q90": pytest.approx(order_statistic(rhat, 0.9), rel=1e-12)},
+        "threshold": 1.05,
+        "fraction_above_threshold": float(np.mean(rhat > 1.05)),
+    }
+    assert section["ess"]["worst"] == pytest.approx(ess.min(), rel=1e-12)
+    assert section["ess"]["worst_index"] == int(np.argmin(ess))
+    assert section["ess"]["quantiles"]["q10"] == pytest.approx(order_statistic(ess, 0.1), rel=1e-12)
+    # Computed by blocks of two scalars (as for a network too large for one block): same figures.
+    monkeypatch.setattr(diagnostics, "SUMMARY_BLOCK_ELEMENTS", 3 * 40 * 2)
+    blocked = summary(chains, quantiles=(0.1, 0.9), rhat_threshold=1.05)["parameters"]
+    assert blocked["rhat"] == section["rhat"] and blocked["ess"]["worst"] == pytest.approx(ess.min(), rel=1e-12)
+
+
+def test_summary_of_predictive_probabilities_has_one_rhat_per_example_and_class(tmp_path):
+    rng = np.random.default_rng(11)
+    logits = rng.normal(size=(4, 30, 5, 3)) + rng.normal(size=(4, 1, 5, 3))  # [C, S, n, K]
+    probs = softmax(logits, axis=-1)
+    per_entry = potential_scale_reduction(probs.reshape(4, 30, 15)).reshape(5, 3)
+    section = summary(probs=probs)["predictive"]
+    assert (section["num_examples"], section["num_classes"], section["num_chains"]) == (5, 3, 4)
+    assert section["rhat"]["worst"] == pytest.approx(per_entry.max(), rel=1e-12)
+    assert section["rhat"]["worst_index"] == list(np.unravel_index(np.argmax(per_entry), (5, 3)))
+    # Parameters from a .npy store (memory-mapped) and a SampleCollector-free array agree.
+    weights = rng.normal(size=(4, 30, 6)).astype("float32")
+    np.save(tmp_path / "chains.npy", weights)
+    both = summary(tmp_path / "chains.npy", probs=probs)
+    assert both["parameters"] == summary(weights)["parameters"]
+    assert both["predictive"] == section
+
+
+def test_summary_leaves_out_constant_scalars_and_reports_stuck_ones_as_infinite():
+    rng = np.random.default_rng(12)
+    probs = softmax(rng.normal(size=(2, 20, 3, 2)), axis=-1)
+    probs[:, :, 1] = [1.0, 0.0]  # example 1 saturated in every draw: no R-hat for its 2 entries
+    section = summary(probs=probs)["predictive"]
+    assert section["num_constant"] == 2
+    assert np.isfinite(section["rhat"]["worst"]) and section["rhat"]["worst_index"][0] != 1
+    chains = rng.normal(size=(2, 20, 3))
+    chains[:, :, 2] = np.array([0.0, 1.0])[:, None]  # constant within each chain, chains apart
+    rhat = summary(chains, quantiles=(0.99,))["parameters"]["rhat"]
+    assert rhat["worst"] == np.inf and rhat["worst_index"] == 2
+    assert rhat["quantiles"]["q99"] == np.inf  # an order statistic, not inf - inf = NaN
+    all_constant = summary(np.zeros((2, 10, 2)))["parameters"]
+    assert all_constant["num_constant"] == 2 and np.isnan(all_constant["rhat"]["worst"])
+
+
+# R-hat of chains that sample one distribution, and of chains stuck in different modes.
+#
+# TFP's split R-hat with m = 2C halves of n = S/2 draws is exactly
+#     R - 1 = (m + 1)/m * V/W - 1/n,
+# V the sample variance (ddof 1) of the m half-chain means and W their mean within-half
+# variance. For stationary AR(1) chains of unit variance each half mean is Gaussian with
+# variance tau/n, tau = (1 + phi)/(1 - phi) (at most that for a function of the chain, whose
+# autocorrelations are dominated by phi^k), so V ~ (tau/n) chi2_{m-1}/(m-1); W has relative
+# SD sqrt(2 (1 + phi^2)/(1 - phi^2) / (m n)) ~ 0.02 here, so W > 0.8 holds with a margin of
+# 10 SD. The bound below is the 1 - 1e-6 quantile of that law with W = 0.8: over the 80
+# scalars tested a correct estimator exceeds it with probability < 1e-4.
+PHI, NUM_CHAINS, NUM_DRAWS = 0.5, 4, 2000
+TAU = (1 + PHI) / (1 - PHI)
+HALVES, HALF_LENGTH = 2 * NUM_CHAINS, NUM_DRAWS // 2
+RHAT_BOUND = 1 + (HALVES + 1) / HALVES * TAU / HALF_LENGTH * stats.chi2.ppf(1 - 1e-6, HALVES - 1) / (HALVES - 1) / 0.8
+
+
+def _one_parameter_net_probs(theta, rng):
+    """[C, S, n, K] probabilities of a 10-example, 3-class model whose logits are theta * w."""
+    w = rng.normal(size=(10, 3))
+    return softmax(theta[..., None, None] * w, axis=-1)
+
+
+def test_summary_rhat_is_near_one_for_chains_of_one_gaussian():
+    rng = np.random.default_rng(13)
+    chains = ar1_chain_array(rng, PHI, NUM_CHAINS, NUM_DRAWS, 50)
+    probs = _one_parameter_net_probs(ar1_chain_array(rng, PHI, NUM_CHAINS, NUM_DRAWS, 1)[..., 0], rng)
+    report = summary(chains, probs=probs)
+    assert RHAT_BOUND < 1.03  # the check is tight enough to matter (stuck chains: ~5)
+    for section in ("parameters", "predictive"):
+        assert report[section]["rhat"]["worst"] < RHAT_BOUND
+        assert report[section]["rhat"]["worst"] > 1 - 1 / HALF_LENGTH  # V >= 0
+    # The law behind the bound: mean over 50 scalars of R - 1 is (m+1)/m tau/n - 1/n, within
+    # 5 SD of that mean (per-scalar SD (m+1)/m tau/n sqrt(2/(m-1))).
+    excess = potential_scale_reduction(chains) - 1
+    expected = (HALVES + 1) / HALVES * TAU / HALF_LENGTH - 1 / HALF_LENGTH
+    sd_of_mean = (HALVES + 1) / HALVES * TAU / HALF_LENGTH * np.sqrt(2 / (HALVES - 1)) / np.sqrt(50)
+    assert abs(excess.mean() - expected) < 5 * sd_of_mean
+    # Cross-chain ESS of AR(1) chains: about C S / tau = 2667. Per scalar ESS / (C S / tau) has
+    # an SD of about 0.05-0.08 (see the header); the median of 50 scalars varies far less.
+    assert 0.7 < report["parameters"]["ess"]["median"] / (NUM_CHAINS * NUM_DRAWS / TAU) < 1.3
+
+
+@pytest.mark.parametrize("modes", [(-2.0, -2.0, 2.0, 2.0), (-2.0, -2.0, -2.0, 2.0)])
+def test_summary_rhat_flags_chains_stuck_in_different_modes_of_a_bimodal_target(modes):
+    # Target 1/2 N(-2, 1) + 1/2 N(2, 1); each chain stays in the mode it started in. Expected
+    # R - 1 ~ (m+1)/m var(half means) = 9/8 * 4 * 8/7 ~ 5.1 (two and two) or ~ 3.9 (three and one).
+    rng = np.random.default_rng(14)
+    chains = ar1_chain_array(rng, PHI, NUM_CHAINS, NUM_DRAWS, 50, centres=modes)
+    theta = ar1_chain_array(rng, PHI, NUM_CHAINS, NUM_DRAWS, 1, centres=modes)[..., 0]
+    report = summary(chains, probs=_one_parameter_net_probs(theta, rng), quantiles=(0.0,))
+    parameters, predictive = report["parameters"]["rhat"], report["predictive"]["rhat"]
+    assert parameters["quantiles"]["q0"] > 1.1  # every parameter flagged, not just the worst
+    assert parameters["fraction_above_threshold"] == 1.0
+    assert predictive["median"] > 1.1 and predictive["worst"] > RHAT_BOUND
+    # Both far above what chains of one distribution reach.
+    assert parameters["median"] > 3.0
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({}, ValueError, r"Pass `samples` \[C, S, Nd\], `probs` \[C, S, n, K\], or both"),
+        ({"samples": np.zeros((10, 3))}, ValueError, r"`samples` must be \[C, S, Nd\].*shape \(10, 3\) \(one chain\?"),
+        ({"samples": np.zeros((1, 10, 3))}, ValueError, r"`samples` needs at least 2 chains along axis 0 .*\(1, 10, 3\)"),
+        ({"samples": np.zeros((2, 3, 3))}, ValueError, r"`samples` needs at least 4 draws along axis 1 \(split_chains=True\)"),
+        ({"samples": np.zeros((2, 10, 0))}, ValueError, r"`samples` must not have empty axes"),
+        ({"samples": np.array([[[0.0, np.nan]] * 5] * 2)}, ValueError, r"`samples` must be finite.* scalar 1"),
+        ({"samples": np.full((2, 5, 1), "a")}, TypeError, r"`samples` must hold real numbers"),
+        ({"probs": np.full((2, 10, 3), 0.5)}, ValueError, r"`probs` must be \[C, S, n, K\].*shape \(2, 10, 3\)"),
+        ({"probs": np.full((1, 10, 2, 2), 0.5)}, ValueError, r"`probs` needs at least 2 chains"),
+        ({"probs": np.full((2, 10, 2, 2), 0.7)}, ValueError, r"`probs` rows over the class axis must sum to 1 .*probs\[0, 0, 0, :\] sums to 1.4"),
+        ({"probs": np.tile([1.5, -0.5], (2, 10, 2, 1))}, ValueError, r"`probs` must hold probabilities in \[0, 1\]"),
+        ({"samples": np.zeros((2, 10, 1)), "quantiles": (0.5, 1.5)}, ValueError, r"`quantiles\[1\]` must be in \[0, 1\], got 1.5"),
+        ({"samples": np.zeros((2, 10, 1)), "quantiles": ()}, TypeError, r"`quantiles` must be a non-empty sequence"),
+        ({"samples": np.zeros((2, 10, 1)), "rhat_threshold": 0.9}, ValueError, r"`rhat_threshold` must be in \(1, inf\), got 0.9"),
+        ({"samples": np.zeros((2, 10, 1)), "split_chains": "no"}, TypeError, r"`split_chains` must be True or False"),
+    ],
+)
+def test_summary_bad_input(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        summary(**kwargs)
+
+
+def test_summary_of_a_single_chain_collector_says_it_needs_chains():
+    collector = SampleCollector(max_samples=10)
+    collector._values = np.zeros((10, 3), np.float32)  # as after collecting one chain
+    collector._size = 6
+    with pytest.raises(ValueError, match=r"`samples` must be \[C, S, Nd\].*\(6, 3\) \(one chain\?"):
+        summary(collector)
+
+
+if __name__ == "__main__":
+    # Prints the R-hat figures of the convergence tests above:
+    #   KERAS_BACKEND=tensorflow .venv/bin/python -m tests.test_diagnostics
+    print(f"bound for chains of one Gaussian (C={NUM_CHAINS}, S={NUM_DRAWS}, phi={PHI}): {RHAT_BOUND:.4f}")
+    generator = np.random.default_rng(13)
+    same = summary(ar1_chain_array(generator, PHI, NUM_CHAINS, NUM_DRAWS, 50),
+                   probs=_one_parameter_net_probs(ar1_chain_array(generator, PHI, NUM_CHAINS, NUM_DRAWS, 1)[..., 0], generator))
+    for section in ("parameters", "predictive"):
+        print(f"one Gaussian, {section}: worst R-hat {same[section]['rhat']['worst']:.4f}, "
+              f"median {same[section]['rhat']['median']:.4f}, median ESS {same[section]['ess']['median']:.0f}")
+    for modes in [(-2.0, -2.0, 2.0, 2.0), (-2.0, -2.0, -2.0, 2.0)]:
+        generator = np.random.default_rng(14)
+        chains = ar1_chain_array(generator, PHI, NUM_CHAINS, NUM_DRAWS, 50, centres=modes)
+        theta = ar1_chain_array(generator, PHI, NUM_CHAINS, NUM_DRAWS, 1, centres=modes)[..., 0]
+        stuck = summary(chains, probs=_one_parameter_net_probs(theta, generator), quantiles=(0.0,))
+        for section in ("parameters", "predictive"):
+            rhat = stuck[section]["rhat"]
+            print(f"modes {modes}, {section}: R-hat min {rhat['quantiles']['q0']:.3f}, "
+                  f"median {rhat['median']:.3f}, worst {rhat['worst']:.3f}")

@@ -242,3 +242,174 @@ def test_num_bins_and_epsilon_are_checked():
 
 def test_float_labels_with_whole_values_are_accepted():
     assert metrics.accuracy(PROBS, LABELS.astype(np.float32)) == 0.75
+
+
+# --------------------------------------------------------------------------------------------
+# Entropies and mutual information
+#
+# Float64 tolerance: each entropy is a sum of K terms of size <= log K and the running sums add
+# S such values, so rounding leaves |error| of order (K + S) ulp(log K) ~ 1e-15 here; 1e-12 is a
+# safe margin that no formula error could hide under (the hand cases differ by > 1e-2).
+EXACT = 1e-12
+
+
+def _h(*p):
+    """Entropy of one distribution, straight from the definition."""
+    return -sum(q * math.log(q) for q in p if q > 0)
+
+
+def test_entropy_hand_computed_and_zero_for_sure_predictions():
+    got = metrics.entropy([[0.5, 0.5], [1.0, 0.0]])
+    np.testing.assert_allclose(got, [math.log(2), 0.0], rtol=0, atol=EXACT)
+    assert not np.signbit(got[1])  # +0.0: a sure prediction has no uncertainty, not "-0"
+    assert metrics.entropy([[0.7, 0.2, 0.1]])[0] == pytest.approx(_h(0.7, 0.2, 0.1), abs=EXACT)
+    with pytest.raises(ValueError, match="row 0 sums"):
+        metrics.entropy([[2.0, 0.0]])
+
+
+def test_mutual_information_of_two_samples_and_two_classes_by_hand():
+    # Example 0: samples [0.9, 0.1] and [0.5, 0.5]  -> p_bar = [0.7, 0.3].
+    # Example 1: samples [1.0, 0.0] and [0.0, 1.0]  -> p_bar = [0.5, 0.5], each sample sure.
+    # Example 2: both samples [0.2, 0.8]            -> they agree: MI = 0.
+    first = [[0.9, 0.1], [1.0, 0.0], [0.2, 0.8]]
+    second = [[0.5, 0.5], [0.0, 1.0], [0.2, 0.8]]
+    predictive = [_h(0.7, 0.3), math.log(2), _h(0.2, 0.8)]
+    expected = [(_h(0.9, 0.1) + math.log(2)) / 2, 0.0, _h(0.2, 0.8)]
+    mixture = metrics.PredictiveMixture()
+    mixture.update(probs=first)
+    mixture.update(probs=second)
+    np.testing.assert_allclose(mixture.mean_probs, [[0.7, 0.3], [0.5, 0.5], [0.2, 0.8]], atol=EXACT)
+    np.testing.assert_allclose(mixture.predictive_entropy, predictive, rtol=0, atol=EXACT)
+    np.testing.assert_allclose(mixture.expected_entropy, expected, rtol=0, atol=EXACT)
+    # 0.610864 - 0.509115 = 0.101749 nats; log 2 for the sure but opposite samples; 0.
+    np.testing.assert_allclose(
+        mixture.mutual_information, np.subtract(predictive, expected), rtol=0, atol=EXACT
+    )
+    assert mixture.mutual_information[0] == pytest.approx(0.101749, abs=1e-6)
+    assert mixture.num_samples == 2
+
+
+def test_mutual_information_from_logits_binary_logits_and_weights():
+    # The same first example from logits: log-odds log 9 gives [0.9, 0.1]; zeros give [0.5, 0.5].
+    from_logits = metrics.PredictiveMixture()
+    from_logits.update(logits=[[math.log(9.0), 0.0]])
+    from_logits.update(logits=[[0.0, 0.0]])
+    # A single binary-logit column z is the distribution [1 - sigmoid(z), sigmoid(z)].
+    binary = metrics.PredictiveMixture()
+    binary.update(logits=[[-math.log(9.0)]])
+    binary.update(logits=[[0.0]])
+    mi = _h(0.7, 0.3) - (_h(0.9, 0.1) + math.log(2)) / 2
+    for mixture in (from_logits, binary):
+        assert mixture.mutual_information[0] == pytest.approx(mi, abs=EXACT)
+    # Weights 1 and 3: p_bar = (1 [0.9, 0.1] + 3 [0.5, 0.5]) / 4 = [0.6, 0.4].
+    weighted = metrics.PredictiveMixture()
+    weighted.update(probs=[[0.9, 0.1]], weight=1.0)
+    weighted.update(probs=[[0.5, 0.5]], weight=3.0)
+    assert weighted.expected_entropy[0] == pytest.approx((_h(0.9, 0.1) + 3 * math.log(2)) / 4, abs=EXACT)
+    assert weighted.mutual_information[0] == pytest.approx(
+        _h(0.6, 0.4) - (_h(0.9, 0.1) + 3 * math.log(2)) / 4, abs=EXACT
+    )
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_mutual_information_is_the_mean_kl_to_the_mixture_hence_non_negative(seed):
+    rng = np.random.default_rng(seed)
+    num_samples, num_examples, num_classes = 1 + seed, 30, 4
+    # Dirichlet(0.3) samples: many near-sure rows, the hard case for the subtraction.
+    samples = rng.dirichlet(np.full(num_classes, 0.3), size=(num_samples, num_examples))
+    weights = rng.uniform(0.1, 2.0, size=num_samples)
+    mixture = metrics.PredictiveMixture()
+    for probs, weight in zip(samples, weights):
+        mixture.update(probs=probs, weight=weight)
+    mean = np.tensordot(weights, samples, axes=1) / weights.sum()
+    # I = sum_s w_s KL(p_s || p_bar) / sum_s w_s: a sum of non-negative terms, computed apart.
+    kl = np.sum(samples * (np.log(samples) - np.log(mean)), axis=2)
+    reference = weights @ kl / weights.sum()
+    assert np.all(mixture.mutual_information >= 0.0)
+    np.testing.assert_allclose(mixture.mutual_information, reference, rtol=0, atol=EXACT)
+    if num_samples > 1:
+        assert reference.min() > 1e-4  # disagreeing samples: clearly positive, not clipped to 0
+
+    # All samples equal, whatever the weights: no disagreement, so I = 0 up to rounding, and the
+    # expected entropy is the shared one.
+    agreeing = metrics.PredictiveMixture()
+    for weight in weights:
+        agreeing.update(probs=samples[0], weight=weight)
+    np.testing.assert_allclose(agreeing.mutual_information, 0.0, rtol=0, atol=EXACT)
+    np.testing.assert_allclose(agreeing.expected_entropy, metrics.entropy(samples[0]), rtol=0, atol=EXACT)
+
+
+def test_predictive_mixture_errors():
+    mixture = metrics.PredictiveMixture()
+    with pytest.raises(ValueError, match="No samples yet"):
+        _ = mixture.mutual_information
+    with pytest.raises(ValueError, match="exactly one"):
+        mixture.update(probs=[[1.0, 0.0]], logits=[[0.0, 0.0]])
+    with pytest.raises(ValueError, match=r"`weight` must be in \[0, inf\), got -1.0"):
+        mixture.update(probs=[[1.0, 0.0]], weight=-1.0)
+    mixture.update(probs=[[1.0, 0.0]], weight=0.0)
+    with pytest.raises(ValueError, match="weight 0"):
+        _ = mixture.mean_probs
+    with pytest.raises(ValueError, match=r"\(1, 2\)"):
+        mixture.update(probs=[[1.0, 0.0], [0.0, 1.0]])
+
+
+def test_predictive_averager_exposes_the_uncertainty_of_its_samples():
+    averager = metrics.PredictiveAverager([0, 1])
+    averager.update(probs=[[0.9, 0.1], [1.0, 0.0]])
+    averager.update(probs=[[0.5, 0.5], [0.0, 1.0]])
+    np.testing.assert_allclose(
+        averager.mutual_information, [_h(0.7, 0.3) - (_h(0.9, 0.1) + math.log(2)) / 2, math.log(2)],
+        rtol=0, atol=EXACT,
+    )
+    assert sorted(averager.result()) == [
+        "accuracy", "brier", "ece", "expected_log_loss", "nll", "num_samples"
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# OOD AUROC
+
+
+@pytest.mark.parametrize(
+    "inside, outside, expected",
+    [
+        ([1.0, 2.0], [2.0, 3.0], 3.5 / 4),  # 1<2, 1<3, 2=2 (half), 2<3
+        ([0.0, 1.0, 1.0, 2.0], [1.0, 1.0, 3.0], 8 / 12),  # each 1: one win, two ties; 3: four wins
+        ([0.0, 0.1], [0.5, 0.9, 2.0], 1.0),  # separated
+        ([0.5, 0.9, 2.0], [0.0, 0.1], 0.0),  # separated the wrong way
+        ([0.3, 0.3, 0.3], [0.3, 0.3], 0.5),  # one constant score: chance
+        ([-np.inf, 0.0], [np.inf, 0.0], 3.5 / 4),  # infinite scores rank as usual
+        ([1, 3], [2], 0.5),  # integer scores
+    ],
+)
+def test_ood_auroc_hand_computed_with_ties(inside, outside, expected):
+    assert metrics.ood_auroc(inside, outside) == expected  # counts are integers: exact
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_ood_auroc_matches_sklearn_and_is_antisymmetric(seed):
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(seed)
+    # Rounded scores: many ties, where the half-credit rule matters.
+    inside = np.round(rng.normal(size=200 + 37 * seed), 1)
+    outside = np.round(rng.normal(loc=0.7, size=150), 1)
+    labels = np.concatenate([np.zeros(inside.size), np.ones(outside.size)])
+    reference = roc_auc_score(labels, np.concatenate([inside, outside]))
+    assert metrics.ood_auroc(inside, outside) == pytest.approx(reference, rel=1e-12)
+    assert metrics.ood_auroc(inside, outside) + metrics.ood_auroc(outside, inside) == pytest.approx(1.0, abs=1e-15)
+
+
+@pytest.mark.parametrize(
+    "inside, outside, error, match",
+    [
+        ([], [1.0], ValueError, r"`in_distribution_scores` must be a non-empty 1-D array .* shape \(0,\)"),
+        ([1.0], [[1.0, 2.0]], ValueError, r"`out_of_distribution_scores` must be a non-empty 1-D .* shape \(1, 2\)"),
+        ([1.0, np.nan], [1.0], ValueError, "`in_distribution_scores` must not contain NaN, got 1 NaN entries"),
+        (["a"], [1.0], TypeError, "`in_distribution_scores` must hold real numbers"),
+    ],
+)
+def test_ood_auroc_bad_input(inside, outside, error, match):
+    with pytest.raises(error, match=match):
+        metrics.ood_auroc(inside, outside)

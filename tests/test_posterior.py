@@ -8,8 +8,14 @@ from scipy.special import log_softmax, softmax
 
 import keras_thermo as kt
 from keras_thermo import metrics
-from keras_thermo.callbacks import SampleCollector
-from keras_thermo.posterior import PosteriorAverage, evaluate_posterior, predict_posterior
+from keras_thermo.callbacks import RecordingCallback, SampleCollector
+from keras_thermo.posterior import (
+    PosteriorAverage,
+    PosteriorPrediction,
+    evaluate_posterior,
+    predict_posterior,
+    predict_samples,
+)
 
 NUM_FEATURES, NUM_CLASSES, N = 2, 3, 48
 
@@ -41,6 +47,24 @@ def _reference(vectors, x, y, weights=None):
     mean = np.tensordot(weights, probs, axes=1) / weights.sum()
     losses = [-np.mean(log_softmax(_logits(v, x), axis=1)[np.arange(len(y)), y]) for v in vectors]
     return mean, -np.mean(np.log(mean[np.arange(len(y)), y])), np.dot(weights, losses) / weights.sum()
+
+
+def _entropy(p):
+    return -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0), axis=-1)
+
+
+def _uncertainty_reference(vectors, x, weights=None):
+    """(predictive entropy, expected entropy, mutual information) per example, by numpy."""
+    weights = np.ones(len(vectors)) if weights is None else np.asarray(weights, np.float64)
+    probs = np.stack([softmax(_logits(v, x), axis=1) for v in vectors])
+    mean = np.tensordot(weights, probs, axes=1) / weights.sum()
+    expected = weights @ _entropy(probs) / weights.sum()
+    return _entropy(mean), expected, _entropy(mean) - expected
+
+
+# Forward passes run in float32: probabilities carry relative errors ~1e-7, entropies
+# absolute errors ~1e-7 log K; 2e-6 leaves a margin and is far below the hand values' size.
+FLOAT32_ENTROPY_ATOL = 2e-6
 
 
 def _model(sampler=None, seed=3):
@@ -85,6 +109,14 @@ def test_two_hand_set_samples_give_the_hand_computed_average():
     assert result["accuracy"] == pytest.approx(np.mean(mean.argmax(1) == y))
     assert result["brier"] == pytest.approx(np.mean(np.sum((mean - np.eye(3)[y]) ** 2, axis=1)), rel=1e-5)
     assert result["ece"] == pytest.approx(metrics.expected_calibration_error(mean, y), rel=1e-6)
+    # Per example: H[(p_1 + p_2) / 2], (H[p_1] + H[p_2]) / 2 and their difference.
+    expected_entropy = (_entropy(p1) + _entropy(p2)) / 2
+    np.testing.assert_allclose(average.predictive_entropy, _entropy(mean), rtol=0, atol=FLOAT32_ENTROPY_ATOL)
+    np.testing.assert_allclose(average.expected_entropy, expected_entropy, rtol=0, atol=FLOAT32_ENTROPY_ATOL)
+    np.testing.assert_allclose(
+        average.mutual_information, _entropy(mean) - expected_entropy, rtol=0, atol=FLOAT32_ENTROPY_ATOL
+    )
+    assert average.mutual_information.min() > 1e-3  # the two samples disagree on every example
     # Predictions at other weights leave the model's own weights bit-for-bit unchanged.
     for old, new in zip(before, _weights(model)):
         np.testing.assert_array_equal(old, new)
@@ -107,6 +139,10 @@ def test_fit_averages_exactly_the_collected_samples_and_logs_into_history():
     assert result["expected_log_loss"] == pytest.approx(expected_loss, rel=1e-5)
     # Jensen: the NLL of the average never exceeds the average NLL.
     assert result["nll"] <= result["expected_log_loss"] + 1e-12
+    predictive, expected, mutual = _uncertainty_reference(collector.samples, x_test)
+    np.testing.assert_allclose(average.predictive_entropy, predictive, rtol=0, atol=FLOAT32_ENTROPY_ATOL)
+    np.testing.assert_allclose(average.expected_entropy, expected, rtol=0, atol=FLOAT32_ENTROPY_ATOL)
+    np.testing.assert_allclose(average.mutual_information, mutual, rtol=0, atol=FLOAT32_ENTROPY_ATOL)
     assert history.history["num_samples"] == [0, 1, 3]
     assert np.isnan(history.history["posterior_accuracy"][0])
     for name in ("posterior_accuracy", "posterior_nll", "expected_log_loss", "ece", "brier"):
@@ -214,6 +250,78 @@ def test_predict_posterior_from_every_kind_of_store(tmp_path):
         np.testing.assert_array_equal(old, new)
 
 
+def test_predict_posterior_returns_the_uncertainty_split_and_pools_chains(tmp_path):
+    x, _ = _data(10)
+    net = _net()
+    samples = np.random.default_rng(3).normal(size=(6, 9)).astype("float32")
+    weights = np.array([1.0, 2.0, 0.5, 0.0, 1.0, 3.0])
+    result = predict_posterior(net, samples, x, weights=weights, return_uncertainty=True, verbose=0)
+    assert isinstance(result, PosteriorPrediction)
+    mean, _, _ = _reference(samples, x, np.zeros(10, "int64"), weights)
+    np.testing.assert_allclose(result.probs, mean, rtol=1e-5, atol=1e-7)
+    for got, expected in zip(result[1:], _uncertainty_reference(samples, x, weights)):
+        assert got.shape == (10,)
+        np.testing.assert_allclose(got, expected, rtol=0, atol=FLOAT32_ENTROPY_ATOL)
+
+    # Chains [C, S, Nd] are pooled: the same as their [C * S, Nd] rows, weights [C, S] or flat.
+    chains = samples.reshape(2, 3, 9)
+    path = tmp_path / "chains.npy"
+    np.save(path, chains)
+    for store in (chains, path, tf.constant(chains)):
+        for chain_weights in (weights.reshape(2, 3), weights):
+            pooled = predict_posterior(net, store, x, weights=chain_weights, return_uncertainty=True, verbose=0)
+            for got, expected in zip(pooled, result):
+                np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-15)
+
+    # A single sample, or several identical ones: no disagreement, no mutual information.
+    for agreeing in (samples[:1], np.repeat(samples[:1], 4, axis=0)):
+        single = predict_posterior(net, agreeing, x, return_uncertainty=True, verbose=0)
+        np.testing.assert_allclose(single.mutual_information, 0.0, atol=1e-12)
+        np.testing.assert_allclose(single.expected_entropy, single.predictive_entropy, atol=1e-12)
+
+
+def test_predict_samples_keeps_each_samples_probabilities_and_the_chain_axis():
+    x, _ = _data(7)
+    net = _net()
+    samples = np.random.default_rng(4).normal(size=(2, 3, 9)).astype("float32")
+    probs = predict_samples(net, samples, x, batch_size=4, verbose=0)
+    assert probs.shape == (2, 3, 7, NUM_CLASSES)
+    for c in range(2):
+        for s in range(3):
+            np.testing.assert_allclose(probs[c, s], softmax(_logits(samples[c, s], x), axis=1), rtol=1e-5, atol=1e-7)
+    flat = predict_samples(net, samples.reshape(6, 9), x, verbose=0)
+    np.testing.assert_array_equal(flat, probs.reshape(6, 7, NUM_CLASSES))
+
+
+class _ChainRecorder:
+    """Stands in for a ParameterRecorder of C chains: rows of [C, Nd]."""
+
+    def __init__(self, num_chains, num_params):
+        self.values = tf.zeros([4, num_chains, num_params])
+
+
+def test_sample_collector_keeps_chains_first_and_halves_them_together(monkeypatch):
+    num_chains, num_params = 3, 9
+    monkeypatch.setattr(RecordingCallback, "attach", lambda self, model: _ChainRecorder(num_chains, num_params))
+    collector = SampleCollector(max_samples=8)
+    collector.attach(model=None)
+    rng = np.random.default_rng(5)
+    records = rng.normal(size=(10, num_chains, num_params)).astype("float32")
+    collector.consume(records, np.arange(1, 11))
+    # Ten recordings into eight slots: halved once, keeping recordings 0, 2, 4, 6, 8.
+    np.testing.assert_array_equal(collector.steps, [1, 3, 5, 7, 9])
+    assert collector.samples.shape == (num_chains, 5, num_params)
+    np.testing.assert_array_equal(collector.samples, np.swapaxes(records[::2], 0, 1))
+    # The collector goes straight to predict_posterior (chains pooled) and to summary.
+    x, _ = _data(4)
+    np.testing.assert_array_equal(
+        predict_posterior(_net(), collector, x, verbose=0),
+        predict_posterior(_net(), np.swapaxes(records[::2], 0, 1).reshape(-1, num_params), x, verbose=0),
+    )
+    report = kt.diagnostics.summary(collector)["parameters"]
+    assert (report["num_chains"], report["num_draws"], report["num_scalars"]) == (3, 5, 9)
+
+
 def test_evaluate_posterior_matches_the_callback_on_the_same_samples():
     x, y = _data()
     x_test, y_test = _data(20, seed=5)
@@ -244,6 +352,14 @@ def test_bad_inputs_name_the_argument():
         predict_posterior(net, np.zeros((0, 9), "float32"), x, verbose=0)
     with pytest.raises(TypeError, match="samples"):
         predict_posterior(net, 3.0, x, verbose=0)
+    with pytest.raises(ValueError, match=r"\[num_chains, num_samples, num_params\], got shape \(1, 2, 3, 9\)"):
+        predict_posterior(net, np.zeros((1, 2, 3, 9), "float32"), x, verbose=0)
+    with pytest.raises(ValueError, match=r"`weights` .* one weight per sample \(6\), or shape \(2, 3\) .* got shape \(3, 2\)"):
+        predict_posterior(net, np.zeros((2, 3, 9), "float32"), x, weights=np.ones((3, 2)), verbose=0)
+    with pytest.raises(ValueError, match="`weights` must have a positive sum"):
+        predict_posterior(net, np.zeros((2, 9), "float32"), x, weights=[0.0, 0.0], verbose=0)
+    with pytest.raises(TypeError, match="`return_uncertainty` must be True or False, got 'yes'"):
+        predict_posterior(net, np.zeros((2, 9), "float32"), x, return_uncertainty="yes", verbose=0)
     with pytest.raises(ValueError, match="No posterior sample"):
         _ = PosteriorAverage((x, y)).predictions
     # Shuffled evaluation data would mix up examples between samples: refused.

@@ -1,0 +1,15 @@
+"""The runnable examples in the docstrings of the prediction and diagnostics modules run and
+print what they show (doctest)."""
+
+import doctest
+
+import pytest
+
+from keras_thermo import callbacks, diagnostics, metrics, posterior
+
+
+@pytest.mark.parametrize("module", [metrics, diagnostics, posterior, callbacks], ids=lambda m: m.__name__)
+def test_docstring_examples_run(module):
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0
+    assert result.failed == 0
