@@ -50,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{record['label']} posterior average vs {baseline['label']}: NLL {ours['nll']:.4f} vs "
             f"{theirs['nll']:.4f}, ECE {ours['ece']:.4f} vs {theirs['ece']:.4f}, accuracy "
             f"{100 * ours['accuracy']:.2f}% vs {100 * theirs['accuracy']:.2f}% "
-            f"({ours['num_samples']} samples)."
+            f"({ours['num_samples']} samples; configurational temperature "
+            f"{run._temperature(record['temperatures'], 'configurational')}, T = "
+            f"{record['temperatures']['target']:g})."
         )
     minutes = results["seconds"] / 60
     print(f"\nDone in {math.floor(minutes)} min {results['seconds'] % 60:.0f} s. Plots and results in "

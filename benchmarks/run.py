@@ -274,8 +274,11 @@ def load_task_data(config: dict, label_noise: float, *, quick: bool, mock_data: 
     def both_splits() -> TaskData:
         extra_train = {} if limits[0] is None else {"limit": int(limits[0])}
         extra_test = {} if limits[1] is None else {"limit": int(limits[1])}
+        # Minibatches drawn with replacement (independent draws, the papers' protocol): reshuffled
+        # epochs make an epoch's gradient noise sum to zero, which biases the thermostats and
+        # CCAdL/mCCAdL's covariance correction.
         train = load("train", batch_size=int(config["training"]["batch_size"]), shuffle=True,
-                     label_noise=label_noise, **common, **options, **extra_train)
+                     with_replacement=True, label_noise=label_noise, **common, **options, **extra_train)
         test = load("test", batch_size=int(spec["eval_batch_size"]), shuffle=False,
                     label_noise=0.0, **common, **options, **extra_test)
         return TaskData(train, test)
@@ -606,6 +609,7 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
         probs = average.predictions if average.num_samples else None
         report = check.report()
         record["temperatures"] = {
+            "target": report["temperature"],
             "equilibrated": report["equilibrated"],
             "equilibration_step": report["equilibration_step"],
             "averaging_started_at_step": average.burn_in_steps if average.num_samples else None,

@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_thermo import random as kt_random
-from keras_thermo._validation import check_int, check_number, check_seed
+from keras_thermo._validation import check_bool, check_int, check_number, check_seed
 
 # Shapes of the TFDS datasets of the TACT-HMC benchmarks (Luo et al. 2018, section 5.2).
 EMNIST_BALANCED = "emnist/balanced"
@@ -146,7 +146,7 @@ def permute_labels(labels: Any, fraction: float, rng: np.random.Generator) -> np
 
 
 def epoch_plan(
-    labels: Any, epoch: int, *, shuffle: bool, label_noise: float, seed: int
+    labels: Any, epoch: int, *, shuffle: bool, label_noise: float, seed: int, with_replacement: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """The example order and the (noisy) labels of one epoch; pure and deterministic.
 
@@ -162,13 +162,17 @@ def epoch_plan(
         shuffle: Whether to draw a random order (else `0..N-1`).
         label_noise: Fraction of labels permuted this epoch (`permute_labels`).
         seed: Base seed, an integer in `[0, 2**31)`.
+        with_replacement: Draw the N positions independently and uniformly (each minibatch is
+            then an independent draw: white gradient noise, as the samplers assume).
 
     Returns:
         `(order, epoch_labels)`: int64 `[N]` each; `epoch_labels` is indexed like `labels`.
     """
     clean = np.asarray(labels, dtype=np.int64)
     noisy = permute_labels(clean, label_noise, np.random.default_rng((seed, epoch, 0)))
-    if shuffle:
+    if with_replacement:
+        order = np.random.default_rng((seed, epoch, 1)).integers(clean.shape[0], size=clean.shape[0])
+    elif shuffle:
         order = np.random.default_rng((seed, epoch, 1)).permutation(clean.shape[0])
     else:
         order = np.arange(clean.shape[0])
@@ -178,7 +182,8 @@ def epoch_plan(
 class _EpochCounter:
     """Hands out epoch plans in order, one per pass over the dataset (thread-safe)."""
 
-    def __init__(self, labels: np.ndarray, shuffle: bool, label_noise: float, seed: int):
+    def __init__(self, labels: np.ndarray, shuffle: bool, label_noise: float, seed: int, with_replacement: bool):
+        self._with_replacement = with_replacement
         self._labels = labels
         self._shuffle = shuffle
         self._label_noise = label_noise
@@ -196,6 +201,7 @@ class _EpochCounter:
             shuffle=self._shuffle,
             label_noise=self._label_noise,
             seed=self._seed,
+            with_replacement=self._with_replacement,
         )
 
 
@@ -216,6 +222,7 @@ def from_arrays(
     squeeze_channels: bool = False,
     scale: float | None = None,
     drop_remainder: bool = False,
+    with_replacement: bool = False,
     name: str = "arrays",
     split: str = "",
 ) -> ClassificationData:
@@ -241,6 +248,10 @@ def from_arrays(
             the row-sequence layout of `models.fashion_mnist_lstm`.
         scale: Multiplier applied after the cast to float32; None for none.
         drop_remainder: Drop the last batch of a pass when it is smaller than `batch_size`.
+        with_replacement: Every pass draws its N examples independently with replacement
+            (`epoch_plan`), so minibatches are independent draws, as the samplers' thermostats and
+            CCAdL/mCCAdL's covariance estimate assume; the dataset is marked for
+            `BayesianModel.fit` (`mark_with_replacement`).
         name: Name recorded in the metadata.
         split: Split recorded in the metadata.
 
@@ -257,6 +268,7 @@ def from_arrays(
     if seed is None:  # Fresh entropy: a run that is not meant to be reproducible.
         seed = int(np.random.SeedSequence().generate_state(1)[0] >> 1)
     label_noise = check_number("label_noise", label_noise, low=0.0, high=1.0, low_inclusive=True)
+    with_replacement = check_bool("with_replacement", with_replacement)
     features = np.asarray(x)
     if features.ndim < 2 or features.shape[0] < 1:
         raise ValueError(f"`x` must be an array [N, ...] with N >= 1, got shape {features.shape}.")
@@ -295,8 +307,8 @@ def from_arrays(
     example_shape = tuple(int(d) for d in example_shape)
 
     num_examples = features.shape[0]
-    if shuffle or label_noise > 0:
-        counter = _EpochCounter(labels, shuffle, label_noise, seed)
+    if shuffle or label_noise > 0 or with_replacement:
+        counter = _EpochCounter(labels, shuffle, label_noise, seed, with_replacement)
 
         def one_pass(_: tf.Tensor) -> tf.data.Dataset:
             order, epoch_labels = tf.numpy_function(
@@ -327,6 +339,8 @@ def from_arrays(
         .apply(tf.data.experimental.assert_cardinality(num_batches))
         .prefetch(tf.data.AUTOTUNE)
     )
+    if with_replacement:
+        dataset = mark_with_replacement(dataset)
     return ClassificationData(
         dataset=dataset,
         name=name,
@@ -395,6 +409,7 @@ def load_classification(
     normalize: bool = True,
     limit: int | None = None,
     drop_remainder: bool = False,
+    with_replacement: bool = False,
 ) -> ClassificationData:
     """Loads a supervised image-classification split from TensorFlow Datasets.
 
@@ -417,6 +432,7 @@ def load_classification(
         normalize: Scale pixels to `[0, 1]` by dividing by 255; else raw values as float32.
         limit: Keep only the first `limit` examples of the split (storage order).
         drop_remainder: Drop a last, smaller batch.
+        with_replacement: Draw each pass's examples with replacement (see `from_arrays`).
 
     Returns:
         A `ClassificationData`.
@@ -445,6 +461,7 @@ def load_classification(
         squeeze_channels=squeeze_channels,
         scale=1.0 / _TFDS_PIXEL_MAX if normalize else None,
         drop_remainder=drop_remainder,
+        with_replacement=with_replacement,
         name=name,
         split=split,
     )
@@ -577,6 +594,7 @@ def load_digits(
     flatten: bool = True,
     normalize: bool = True,
     drop_remainder: bool = False,
+    with_replacement: bool = False,
 ) -> ClassificationData:
     """scikit-learn's 8x8 digits as a `ClassificationData`; offline, no download.
 
@@ -600,6 +618,7 @@ def load_digits(
         label_noise=label_noise,
         scale=1.0 / _DIGITS_PIXEL_MAX if normalize else None,
         drop_remainder=drop_remainder,
+        with_replacement=with_replacement,
         name="digits" if classes is None else f"digits[{','.join(str(c) for c in classes)}]",
         split=split,
     )

@@ -174,10 +174,33 @@ def test_keras_fit_starts_one_pass_per_epoch():
     np.testing.assert_array_equal(labels, epoch_labels[order])
 
 
+def test_with_replacement_draws_each_pass_independently_and_marks_the_dataset():
+    n = 40
+    x = np.arange(n, dtype=np.float32)[:, None]
+    y = np.arange(n) % 2
+    built = data.from_arrays(x, y, batch_size=8, seed=3, with_replacement=True)
+    assert getattr(built.dataset, "draws_with_replacement", False)
+    first, _, sizes = collect(built.dataset)
+    assert sizes == [8] * 5
+    order, _ = data.epoch_plan(y, 0, shuffle=True, label_noise=0.0, seed=3, with_replacement=True)
+    np.testing.assert_array_equal(first[:, 0], order)
+    # Uniform draws with replacement: repeats occur (P(no repeat in 40 of 40) ~ 1e-16), and
+    # over many passes every example's frequency is 1/n within binomial error.
+    assert len(np.unique(order)) < n
+    counts = np.zeros(n)
+    for epoch in range(200):
+        counts += np.bincount(data.epoch_plan(y, epoch, shuffle=True, label_noise=0.0, seed=3,
+                                              with_replacement=True)[0], minlength=n)
+    expected = 200.0  # 200 passes x n draws / n examples
+    assert np.all(np.abs(counts - expected) < 5 * np.sqrt(expected))
+    assert not getattr(data.from_arrays(x, y, batch_size=8).dataset, "draws_with_replacement", False)
+
+
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
         (dict(batch_size=0), ValueError, "`batch_size` must be an integer >= 1, got 0"),
+        (dict(batch_size=4, with_replacement="yes"), TypeError, "`with_replacement`"),
         (dict(batch_size=4, label_noise=1.5), ValueError, r"`label_noise` must be in \[0, 1\]"),
         (dict(batch_size=4, seed=-1), ValueError, "`seed`"),
         (dict(batch_size=4, num_classes=2), ValueError, "num_classes=2 but a label 2"),
