@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 
 import keras
@@ -41,7 +42,8 @@ SAMPLERS = {
     "sgnht-symmetric": lambda: kt.samplers.SGNHT(step_size=2e-3, friction=1.0, integrator="symmetric"),
     "ccadl": lambda: kt.samplers.CCAdL(step_size=2e-3, friction=1.0),
     "mccadl": lambda: kt.samplers.MCCAdL(step_size=2e-3, friction=1.0),
-    "tact_hmc": lambda: kt.samplers.TACTHMC(step_size=4e-6, xi_step_size=1e-7, noise=0.05, sample_every=10),
+    # eta = h^2 and c = A h with h = 2e-3, A = 1 (the units of tact_hmc.py).
+    "tact_hmc": lambda: kt.samplers.TACTHMC(step_size=4e-6, xi_step_size=1e-7, noise=2e-3, sample_every=10),
     # A deliberately wrong run for the check to flag: no noise correction, large step.
     "sghmc-large-step": lambda: kt.samplers.SGHMC(step_size=1e-2, friction=1.0),
 }
@@ -87,15 +89,47 @@ def build(net: str, seed: int = 0):
     return model, inputs, labels
 
 
+WARM_UP_SAMPLER = lambda: kt.samplers.SGNHT(step_size=2e-3, friction=1.0)  # noqa: E731
+_warm_weights: dict = {}
+
+
+def _loss():
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def warm_up(net: str, temperature: float, epochs: int, seed: int = 0) -> list:
+    """Weights after `epochs` of SGNHT (h = 2e-3, A = 1) at `temperature` from the net's
+    initialisation; cached per process, so every sampler of a sweep starts from the same state."""
+    key = (net, temperature, epochs, seed)
+    if key not in _warm_weights:
+        model_net, x, y = build(net, seed)
+        if epochs:
+            model = kt.BayesianModel(
+                model_net, sampler=WARM_UP_SAMPLER(), num_examples=len(x), prior=kt.priors.Gaussian(PRIOR_STD),
+                temperature=temperature, seed=seed + 1000,
+            )
+            model.compile(loss=_loss(), steps_per_execution=29)
+            model.fit(x, y, batch_size=BATCH_SIZE, epochs=epochs, verbose=0)
+        _warm_weights[key] = [w.copy() for w in model_net.get_weights()]
+    return _warm_weights[key]
+
+
 def run(net: str, sampler: str, temperature: float, *, epochs: int | None = None, seed: int = 0,
-        check_temperature: float | None = None) -> dict:
-    """One run; returns the check's report with the settings and the wall time."""
+        check_temperature: float | None = None, step_size: float | None = None,
+        warm_up_epochs: int = 0) -> dict:
+    """One run from the warm-up state (`warm_up`); returns the check's report with the settings
+    and the wall time. `step_size` overrides the sampler's."""
+    weights = warm_up(net, temperature, warm_up_epochs, seed)
     model_net, x, y = build(net, seed)
+    model_net.set_weights(weights)
+    chosen = SAMPLERS[sampler]()
+    if step_size is not None:
+        chosen.step_size = step_size
     model = kt.BayesianModel(
-        model_net, sampler=SAMPLERS[sampler](), num_examples=len(x), prior=kt.priors.Gaussian(PRIOR_STD),
+        model_net, sampler=chosen, num_examples=len(x), prior=kt.priors.Gaussian(PRIOR_STD),
         temperature=temperature, seed=seed,
     )
-    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps_per_execution=29)
+    model.compile(loss=_loss(), steps_per_execution=29)
     check = kt.callbacks.EquilibrationCheck(
         block_steps=BLOCK_STEPS, min_blocks=10, rtol=0.0, warn=False, temperature=check_temperature
     )
@@ -105,7 +139,8 @@ def run(net: str, sampler: str, temperature: float, *, epochs: int | None = None
     report = check.report()
     report.update(
         net=net, sampler=sampler, sampler_config=model.sampler.get_config(), epochs=epochs,
-        steps=model.sampler_step, seconds=time.perf_counter() - start, num_params=model.num_params,
+        warm_up_epochs=warm_up_epochs, steps=model.sampler_step, seconds=time.perf_counter() - start,
+        num_params=model.num_params,
     )
     return report
 
@@ -133,6 +168,9 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--samplers", nargs="+", default=[s for s in SAMPLERS if s != "sghmc-large-step"])
     parser.add_argument("--temperatures", nargs="+", type=float, default=[1.0, 0.3])
     parser.add_argument("--epoch-scale", type=float, default=1.0, help="multiplies every run's epochs")
+    parser.add_argument("--step-size", type=float, default=None, help="overrides the samplers' step size")
+    parser.add_argument("--warm-up-epochs", type=int, default=0,
+                        help="epochs of SGNHT (h 2e-3, A 1) every run starts from")
     args = parser.parse_args(argv)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     reports = []
@@ -140,12 +178,14 @@ def main(argv=None) -> list[dict]:
         for net in args.nets:
             for sampler in args.samplers:
                 epochs = max(1, round(EPOCHS[sampler] * args.epoch_scale))
-                report = run(net, sampler, temperature, epochs=epochs)
+                report = run(net, sampler, temperature, epochs=epochs, step_size=args.step_size,
+                             warm_up_epochs=args.warm_up_epochs)
                 print(summary_line(report), flush=True)
                 reports.append(report)
                 with open(args.out, "w") as handle:
                     json.dump({"machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
-                               "command": "python -m benchmarks.network_temperatures", "runs": reports},
+                               "command": "python -m benchmarks.network_temperatures " + " ".join(argv or sys.argv[1:]),
+                               "runs": reports},
                               handle, indent=1)
     return reports
 
