@@ -33,7 +33,8 @@ Config schema (keys not listed are errors):
       seed: 0
     evaluation:
       burn_in_epochs: 10               # or burn_in_steps; "auto": from an EquilibrationCheck
-      check_block_steps: 215           # its batch-means block (default 5 epochs)
+      check_block_epochs: 5            # the check's batch-means block (default 5 epochs)
+      max_burn_in_epochs: 20           # with "auto": start averaging by then even if not at T
       every_n_steps: 10                # thinning of the posterior average
       weighting: uniform               # or step_size (SGLD)
       num_bins: 15                     # ECE / reliability diagram bins
@@ -93,7 +94,8 @@ TOP_LEVEL_KEYS = {"name", "title", "extends", "only", "data", "model", "training
 DATA_KEYS = {"dataset", "options", "label_noise", "eval_batch_size"}
 MODEL_KEYS = {"builder", "options"}
 TRAINING_KEYS = {"epochs", "batch_size", "steps_per_execution", "seed"}
-EVALUATION_KEYS = {"burn_in_epochs", "burn_in_steps", "every_n_steps", "weighting", "num_bins", "check_block_steps"}
+EVALUATION_KEYS = {"burn_in_epochs", "burn_in_steps", "every_n_steps", "weighting", "num_bins", "check_block_epochs",
+                   "max_burn_in_epochs"}
 METHOD_KEYS = {"label", "optimizer", "sampler", "options", "prior_std", "temperature", "evaluation"}
 QUICK_KEYS = {
     "epochs", "train_limit", "test_limit", "mock_examples", "burn_in_epochs", "burn_in_steps",
@@ -495,8 +497,11 @@ def _evaluation_schedule(config: dict, method: dict, steps_per_epoch: int, sampl
             )
         if burn_in != "auto":
             burn_in = -(-burn_in // period) * period
+    max_burn_in = evaluation.get("max_burn_in_epochs")
     return {
         "burn_in_steps": burn_in,
+        "max_burn_in_steps": None if max_burn_in is None else int(round(float(max_burn_in) * steps_per_epoch)),
+        "check_block_steps": max(1, int(round(float(evaluation.get("check_block_epochs", 5)) * steps_per_epoch))),
         "every_n_steps": every,
         "weighting": evaluation.get("weighting", "uniform"),
         "num_bins": int(evaluation.get("num_bins", 15)),
@@ -575,8 +580,8 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
         # Every sampler run reports its temperatures; `burn_in_steps: auto` also takes its
         # burn-in from this check (averaging starts once the whole net is at T).
         check = kt.callbacks.EquilibrationCheck(
-            block_steps=int(config["evaluation"].get("check_block_steps", 5 * task.train.steps_per_epoch)),
-            log_dir=str(log_dir), warn=verbose > 0,
+            block_steps=schedule["check_block_steps"], log_dir=str(log_dir), warn=verbose > 0,
+            max_burn_in_steps=schedule["max_burn_in_steps"],
         )
         burn_in = check if schedule["burn_in_steps"] == "auto" else schedule["burn_in_steps"]
         average = PosteriorAverage(
@@ -613,6 +618,7 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
             "equilibrated": report["equilibrated"],
             "equilibration_step": report["equilibration_step"],
             "averaging_started_at_step": average.burn_in_steps if average.num_samples else None,
+            "averaging_started_by": check.recording_started_by if burn_in is check else "burn_in_epochs",
             **{f"{kind}_{part}": report["overall"][kind][part] for kind in ("kinetic", "configurational")
                for part in ("mean", "standard_error")},
             "variables": report["variables"],
@@ -649,6 +655,9 @@ def _percent(value: Any) -> str:
 
 def _number(value: Any, digits: int = 4) -> str:
     return "n/a" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+_STARTED_BY = {"equilibrium": "at T", "max_burn_in_steps": "max burn-in, not at T", "burn_in_epochs": "fixed"}
 
 
 def _temperature(temperatures: dict, kind: str) -> str:
@@ -690,7 +699,8 @@ def markdown_table(config: dict, runs: list[dict]) -> str:
         t = run.get("temperatures")
         temperatures = (
             f"{_temperature(t, 'kinetic')} | {_temperature(t, 'configurational')} | "
-            f"{t['averaging_started_at_step'] if t['averaging_started_at_step'] is not None else 'n/a'}"
+            + (f"{t['averaging_started_at_step']} ({_STARTED_BY.get(t['averaging_started_by'], t['averaging_started_by'])})"
+               if t["averaging_started_at_step"] is not None else "n/a")
             if t else "n/a | n/a | n/a"
         )
         lines.append(
@@ -702,7 +712,8 @@ def markdown_table(config: dict, runs: list[dict]) -> str:
         "",
         "Temperatures: post-burn-in means of the whole net's kinetic and configurational "
         "temperatures +- batch-means error (`EquilibrationCheck`); the configurational one "
-        "averages T at equilibrium whatever the sampler.",
+        "averages T at equilibrium whatever the sampler. Averaging starts when the check finds "
+        "the whole net at T, or at the configured maximum burn-in.",
     ]
     return "\n".join(lines) + "\n"
 

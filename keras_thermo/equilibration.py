@@ -175,7 +175,8 @@ class EquilibrationCheck(keras.callbacks.Callback):
     scalars layout of `keras_thermo.dashboard`.
 
     Give it to a `PosteriorAverage` or `SampleCollector` as `burn_in_steps=check` to start
-    recording at the first block boundary where both temperatures of the whole net are in band.
+    recording at the first block boundary where both temperatures of the whole net are in band
+    (`equilibrated_at_step`), or at `max_burn_in_steps` if that comes first.
 
     Args:
         burn_in_steps: `"auto"` (MSER) or the number of steps to drop.
@@ -188,6 +189,8 @@ class EquilibrationCheck(keras.callbacks.Callback):
         log_dir: Optional TensorBoard directory.
         warn: Whether to warn when out of band.
         temperature: The T to compare with; None (default) takes the model's temperature.
+        max_burn_in_steps: Linked recording callbacks start at this step at the latest, even if
+            the run is not at T by then (`recording_started_by` says which happened); None waits.
 
     Example:
         >>> check = EquilibrationCheck(block_steps=50, min_blocks=10)
@@ -209,6 +212,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
         log_dir: str | None = None,
         warn: bool = True,
         temperature: float | None = None,
+        max_burn_in_steps: int | None = None,
     ):
         super().__init__()
         if burn_in_steps != "auto":
@@ -224,6 +228,9 @@ class EquilibrationCheck(keras.callbacks.Callback):
         self.log_dir = log_dir
         self.warn = bool(warn)
         self.temperature = None if temperature is None else check_number("temperature", temperature, low=0.0)
+        self.max_burn_in_steps = (
+            None if max_burn_in_steps is None else check_int("max_burn_in_steps", max_burn_in_steps, low=0)
+        )
         self.recorder: TemperatureRecorder | None = None
         self._linked: list = []
         self._names: list[str] = []
@@ -236,6 +243,8 @@ class EquilibrationCheck(keras.callbacks.Callback):
         self._step = 0
         self._warned = False
         self.equilibrated_at_step: int | None = None
+        self.recording_started_at: int | None = None
+        self.recording_started_by: str | None = None  # "equilibrium" or "max_burn_in_steps"
         self._writer = None
 
     # wiring ------------------------------------------------------------------------------
@@ -252,9 +261,10 @@ class EquilibrationCheck(keras.callbacks.Callback):
 
     def link(self, callback) -> None:
         """Starts `callback` (a recording callback) when the run is first in band."""
-        self._linked.append(callback)
-        if self.equilibrated_at_step is not None:
-            callback.start_recording_at(self.equilibrated_at_step)
+        if callback not in self._linked:
+            self._linked.append(callback)
+        if self.recording_started_at is not None:
+            callback.start_recording_at(self.recording_started_at)
 
     def on_train_begin(self, logs=None):
         if self.log_dir and self._writer is None:
@@ -296,6 +306,8 @@ class EquilibrationCheck(keras.callbacks.Callback):
         self._step += steps
         if self._open is None:
             self._open = [first, self._step, 0.0, np.zeros_like(sums), 0]
+        if self.max_burn_in_steps is not None and self._step >= self.max_burn_in_steps:
+            self._start_linked(self.max_burn_in_steps, "max_burn_in_steps")
         self._open[1] = self._step
         self._open[2] += weight
         self._open[3] += sums
@@ -315,10 +327,16 @@ class EquilibrationCheck(keras.callbacks.Callback):
                         tf.summary.scalar(f"temperature/{kind}/{name}", value)
                     tf.summary.scalar(f"temperature/{kind}/overall", float(row @ self._sizes / self._sizes.sum()))
                 tf.summary.scalar("temperature/target", float(self._temperature()))
-        if self._linked and self.equilibrated_at_step is None and self._whole_net_in_band(self.report()):
+        if self.equilibrated_at_step is None and self._whole_net_in_band(self.report()):
             self.equilibrated_at_step = last
-            for callback in self._linked:
-                callback.start_recording_at(last)
+            self._start_linked(last, "equilibrium")
+
+    def _start_linked(self, step: int, reason: str) -> None:
+        if self.recording_started_at is not None:
+            return
+        self.recording_started_at, self.recording_started_by = step, reason
+        for callback in self._linked:
+            callback.start_recording_at(step)
 
     @staticmethod
     def _whole_net_in_band(report: dict[str, Any]) -> bool:
@@ -424,4 +442,5 @@ class EquilibrationCheck(keras.callbacks.Callback):
             "log_dir": self.log_dir,
             "warn": self.warn,
             "temperature": self.temperature,
+            "max_burn_in_steps": self.max_burn_in_steps,
         }

@@ -184,6 +184,7 @@ def test_recording_starts_when_the_check_finds_the_run_in_band(tmp_path):
     model.fit(x, y, batch_size=100, epochs=20, steps_per_epoch=100, callbacks=[collector, check], verbose=0)
     start = check.equilibrated_at_step
     assert start is not None and start % 50 == 0
+    assert (check.recording_started_at, check.recording_started_by) == (start, "equilibrium")
     assert collector.burn_in_steps == -(-start // 7) * 7
     assert len(collector.steps) and collector.steps[0] == collector.burn_in_steps + 7
     assert np.all(np.diff(collector.steps) == 7)
@@ -194,6 +195,19 @@ def test_recording_starts_when_the_check_finds_the_run_in_band(tmp_path):
             tags.update(value.tag for value in event.summary.value)
     assert {"temperature/kinetic/overall", "temperature/configurational/overall", "temperature/target"} <= tags
     assert any(tag.startswith("temperature/configurational/") and tag.endswith("kernel") for tag in tags)
+
+
+def test_max_burn_in_starts_the_recording_of_a_run_that_never_reaches_t():
+    # Checked against a temperature ten times too low the run is never in band; the recording still
+    # starts at max_burn_in_steps, and the check says why.
+    model, x, y = _linear_regression_model(_exact_sgnht(), 2.0)
+    check = kt.callbacks.EquilibrationCheck(block_steps=50, min_blocks=10, temperature=0.2, warn=False,
+                                            max_burn_in_steps=300)
+    collector = kt.callbacks.SampleCollector(burn_in_steps=check, every_n_steps=10)
+    model.fit(x, y, batch_size=100, epochs=6, steps_per_epoch=100, callbacks=[collector, check], verbose=0)
+    assert check.equilibrated_at_step is None
+    assert (check.recording_started_at, check.recording_started_by) == (300, "max_burn_in_steps")
+    np.testing.assert_array_equal(collector.steps, np.arange(310, 601, 10))
 
 
 def test_a_recording_callback_waiting_for_a_check_needs_the_check_in_fit():
@@ -213,6 +227,7 @@ BAD_CHECK_INPUTS = [
     (dict(rtol=-0.1), ValueError, ["rtol", "-0.1"]),
     (dict(min_variable_size=0), ValueError, ["min_variable_size", "0"]),
     (dict(temperature=0.0), ValueError, ["temperature", "0.0"]),
+    (dict(max_burn_in_steps=-5), ValueError, ["max_burn_in_steps", "-5"]),
 ]
 
 
@@ -225,6 +240,8 @@ def test_bad_check_arguments(kwargs, error, words):
 
 
 def test_check_config_round_trips():
-    check = kt.callbacks.EquilibrationCheck(burn_in_steps=300, block_steps=20, rtol=0.0, temperature=0.3)
+    check = kt.callbacks.EquilibrationCheck(
+        burn_in_steps=300, block_steps=20, rtol=0.0, temperature=0.3, max_burn_in_steps=900
+    )
     again = kt.callbacks.EquilibrationCheck(**check.get_config())
     assert again.get_config() == check.get_config()
