@@ -158,9 +158,18 @@ class Sampler:
         return tf.constant(self._step_size, tf.float32)
 
     def is_sample(self, state: NamedTuple) -> tf.Tensor:
-        """Whether the step that produced `state` yields a posterior sample."""
-        del state
-        return tf.constant(True)
+        """Whether the step that produced `state` yields a posterior sample (subclasses that
+        yield samples only on some steps combine their rule with `in_sampling_phase`)."""
+        return self.in_sampling_phase(state)
+
+    def in_sampling_phase(self, state: NamedTuple) -> tf.Tensor:
+        """False when the step that produced `state` lies in an exploration phase of the
+        step-size schedule (a schedule with an `in_sampling_phase(step)` method, such as
+        `keras_thermo.schedules.Cyclical`); True for any other step size."""
+        phase = getattr(self._step_size, "in_sampling_phase", None)
+        if phase is None:
+            return tf.constant(True)
+        return phase(state.step - 1)  # `state.step` counts the steps completed
 
     def variable_kinetic_temperatures(self, new_state: NamedTuple, params, new_params) -> Tensors:
         """Each variable's kinetic temperature after a step, `p_v . M^-1 . p_v / n_v` (float32

@@ -404,9 +404,11 @@ class TACTHMC(Sampler):
         return tf.abs(state.xi) <= self.xi0
 
     def is_sample(self, state: TACTHMCState) -> tf.Tensor:
-        """True when `step mod K == 0` and xi is on the plateau (`lambda(xi) = 1`)."""
+        """True when `step mod K == 0` and xi is on the plateau (`lambda(xi) = 1`), and the
+        step-size schedule (if cyclical) is in a sampling phase."""
         due = tf.equal(tf.math.floormod(state.step, self.sample_every), 0)
-        return tf.logical_and(due, tf.abs(state.xi) <= self.xi0)
+        on_plateau = tf.logical_and(due, tf.abs(state.xi) <= self.xi0)
+        return tf.logical_and(on_plateau, self.in_sampling_phase(state))
 
     def get_config(self) -> dict[str, Any]:
         return {
