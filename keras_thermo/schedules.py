@@ -122,3 +122,86 @@ class Cyclical(keras.optimizers.schedules.LearningRateSchedule):
             "cycle_length": self.cycle_length,
             "exploration_fraction": self.exploration_fraction,
         }
+
+
+@keras.saving.register_keras_serializable(package="keras_thermo")
+class TemperatureSchedule:
+    """Base class of a temperature `T(t) > 0` as a function of the sampler step t (from 0).
+
+    Given as `BayesianModel(temperature=...)`, it sets the temperature of every step inside the
+    compiled train step; the train logs then carry `temperature`. Subclasses implement
+    `__call__(step)` (a float32 scalar tensor) and `get_config`.
+    """
+
+    def __call__(self, step) -> tf.Tensor:
+        raise NotImplementedError
+
+    def get_config(self) -> dict:
+        return {}
+
+    @classmethod
+    def from_config(cls, config: dict) -> "TemperatureSchedule":
+        return cls(**config)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        return f"{type(self).__name__}({args})"
+
+
+#: How `TemperatureRamp` interpolates between its end points.
+RAMP_INTERPOLATIONS = ("geometric", "linear")
+
+
+@keras.saving.register_keras_serializable(package="keras_thermo")
+class TemperatureRamp(TemperatureSchedule):
+    """A temperature ramp from `initial_temperature` to `temperature` over `ramp_steps` steps,
+    then constant: e.g. a hot start that explores while the chain burns in, ending at T = 1 (the
+    Bayes posterior) or at a cold posterior's T < 1.
+
+    With `u = min(t / ramp_steps, 1)`: `"geometric"` (default) is `T0 (T / T0)^u`, the same
+    factor per step (the usual annealing ladder, e.g. from T0 = 10 to 1); `"linear"` is
+    `T0 + (T - T0) u`. Steps from `ramp_steps` on sample `exp(-U / T)`; the ones before are
+    burn-in, so start recording callbacks (`burn_in_steps`) no earlier than `ramp_steps`.
+
+    Args:
+        initial_temperature: T0 > 0 at step 0.
+        temperature: T > 0 from step `ramp_steps` on.
+        ramp_steps: Steps of the ramp, >= 1.
+        interpolation: `"geometric"` or `"linear"`.
+
+    Example:
+        >>> ramp = TemperatureRamp(initial_temperature=4.0, temperature=1.0, ramp_steps=2)
+        >>> [float(ramp(t)) for t in range(4)]
+        [4.0, 2.0, 1.0, 1.0]
+    """
+
+    def __init__(
+        self,
+        initial_temperature: float,
+        temperature: float = 1.0,
+        ramp_steps: int = 1000,
+        interpolation: str = "geometric",
+    ):
+        self.initial_temperature = check_positive("initial_temperature", initial_temperature)
+        self.temperature = check_positive("temperature", temperature)
+        self.ramp_steps = check_int("ramp_steps", ramp_steps, low=1)
+        self.interpolation = check_choice("interpolation", interpolation, RAMP_INTERPOLATIONS)
+
+    def __call__(self, step) -> tf.Tensor:
+        progress = tf.minimum(tf.cast(step, tf.float64) / float(self.ramp_steps), 1.0)
+        start, end = self.initial_temperature, self.temperature
+        if self.interpolation == "geometric":
+            value = start * tf.pow(tf.constant(end / start, tf.float64), progress)
+        else:
+            value = start + (end - start) * progress
+        # The end point exactly, whatever the rounding of the power.
+        value = tf.where(progress >= 1.0, tf.constant(end, tf.float64), value)
+        return tf.cast(value, tf.float32)
+
+    def get_config(self) -> dict:
+        return {
+            "initial_temperature": self.initial_temperature,
+            "temperature": self.temperature,
+            "ramp_steps": self.ramp_steps,
+            "interpolation": self.interpolation,
+        }
