@@ -285,6 +285,7 @@ class BayesianModel(keras.Model):
         with self.distribute_strategy.scope():
             self._runtime = _Runtime()
         self._state_variables: list = []
+        self._prior_state_variables: list = []
 
     # --- Keras plumbing -----------------------------------------------------------------------
 
@@ -489,6 +490,7 @@ class BayesianModel(keras.Model):
         with self.distribute_strategy.scope():
             self._create_state_variables(params)
             self._create_setting_variables()
+            self._create_prior_state_variables()
 
     def _create_state_variables(self, params) -> None:
         initial = self.sampler.init(params, temperature=self.temperature, seed=self.seed)
@@ -504,6 +506,34 @@ class BayesianModel(keras.Model):
             for leaf, name in zip(leaves, names)
         ]
         self._runtime.state_structure = initial
+
+    def _create_prior_state_variables(self) -> None:
+        """Variables for a prior's own state (e.g. `HierarchicalGaussian`'s precisions), bound
+        to the prior so that the potential reads them."""
+        if self.prior is None:
+            return
+        initial = self.prior.initial_state(self.trainable_variables)
+        if not initial:
+            return
+        if self.prior.is_bound:
+            # One prior instance given to a second model: that model gets its own copy.
+            self.prior = type(self.prior).from_config(self.prior.get_config())
+        self._prior_state_variables = [
+            keras.Variable(value, dtype=value.dtype.name, trainable=False, autocast=False, name=f"prior_state_{i}")
+            for i, value in enumerate(initial)
+        ]
+        self.prior.bind_state(self._prior_state_variables)
+
+    def _update_prior_state(self, completed_step, temperature, cross) -> None:
+        """The prior's own move after a sampler step (a Gibbs draw of hyperparameters), from the
+        weights that step produced; nothing moves when the step was not applied."""
+        current = [tf.convert_to_tensor(v) for v in self._prior_state_variables]
+        params = [tf.convert_to_tensor(v) for v in self.trainable_variables]
+        updated = self.prior.update_state(
+            current, params, step=completed_step, seed=self.seed, temperature=temperature
+        )
+        applied = self._runtime.diverged_at < 0
+        cross.assign(self._prior_state_variables, [tf.where(applied, new, old) for new, old in zip(updated, current)])
 
     def sampler_state(self):
         """The sampler state as the sampler's typed container of tensors (read-only view)."""
@@ -574,6 +604,8 @@ class BayesianModel(keras.Model):
         params = [tf.convert_to_tensor(v) for v in variables]
         new_params, new_state, diagnostics = self.sampler.update(state, params, force, context)
         self._apply_if_finite(variables, new_params, state, new_state, potential, cross)
+        if self._prior_state_variables:
+            self._update_prior_state(new_state.step, temperature, cross)
         if self._runtime.temperature_recorders:
             self._record_temperatures(state, new_state, params, new_params, force)
 
