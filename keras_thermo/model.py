@@ -497,7 +497,7 @@ class BayesianModel(keras.Model):
         names = []
         for field, value in initial._asdict().items():
             if isinstance(value, (list, tuple)):
-                names += [f"{self.sampler.name}_{field}_{i}" for i in range(len(value))]
+                names += [f"{self.sampler.name}_{field}_{i}" for i in range(len(tf.nest.flatten(value)))]
             else:
                 names.append(f"{self.sampler.name}_{field}")
         leaves = tf.nest.flatten(initial)
