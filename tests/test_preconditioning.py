@@ -256,6 +256,9 @@ def _data():
     return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8)
 
 
+# Slow (3 fits and a save): the default suite covers the frozen masses' resume in
+# tests/test_priors.py, whose resumed model runs a layerwise-preconditioned SGHMC.
+@pytest.mark.slow
 def test_layerwise_mass_is_frozen_after_warmup_and_resumes_bit_for_bit(tmp_path):
     straight = _model()
     straight.fit(_data(), steps_per_epoch=14, epochs=1, verbose=0)

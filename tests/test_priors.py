@@ -99,7 +99,10 @@ def test_potential_is_the_joint_negative_log_density():
 def _model(prior, seed=3):
     keras.utils.set_random_seed(1)
     net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="tanh"), keras.layers.Dense(1)])
-    model = kt.BayesianModel(net, kt.samplers.SGHMC(1e-2, friction=2.0), num_examples=64, prior=prior, seed=seed)
+    # A layerwise mass frozen after 5 steps: this test also covers its resume (one set of fits
+    # for both states, for the default suite's time).
+    sampler = kt.samplers.SGHMC(1e-2, friction=2.0, preconditioner=kt.samplers.Preconditioner("layerwise", warmup_steps=5))
+    model = kt.BayesianModel(net, sampler, num_examples=64, prior=prior, seed=seed)
     model.compile(loss="mse")
     return model
 
@@ -115,7 +118,7 @@ def _precisions(model):
     return [float(v.numpy()) for v in model._prior_state_variables]
 
 
-def test_precisions_live_in_variables_are_gibbs_drawn_in_fit_and_resume_bit_for_bit(tmp_path):
+def test_precisions_and_layerwise_masses_live_in_variables_and_resume_bit_for_bit(tmp_path):
     prior = kt.priors.HierarchicalGaussian(alpha=1.0, beta=1.0, resample_every=4, initial_std=2.0)
     straight = _model(prior)
     straight.fit(_data(), steps_per_epoch=16, epochs=1, verbose=0)
@@ -131,12 +134,15 @@ def test_precisions_live_in_variables_are_gibbs_drawn_in_fit_and_resume_bit_for_
     first.fit(_data().skip(3), steps_per_epoch=3, epochs=1, verbose=0)
     drawn_at_4 = _precisions(first)
     assert all(p != 0.25 for p in drawn_at_4)
+    masses_at_6 = [float(m) for m in first.sampler_state().preconditioner.mass]
+    assert len(set(masses_at_6)) == 4  # estimated at step 5, one per variable
     path = os.path.join(tmp_path, "hierarchical.keras")
     first.save(path)
     restored = keras.saving.load_model(path)
     assert isinstance(restored.prior, kt.priors.HierarchicalGaussian)
     assert _precisions(restored) == drawn_at_4
     restored.fit(_data().skip(6), steps_per_epoch=10, epochs=1, verbose=0)
+    assert [float(m) for m in restored.sampler_state().preconditioner.mass] == masses_at_6  # frozen
     for u, v in zip(straight.trainable_variables + straight.non_trainable_variables,
                     restored.trainable_variables + restored.non_trainable_variables):
         np.testing.assert_array_equal(u.numpy(), v.numpy())
