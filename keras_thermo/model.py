@@ -31,6 +31,7 @@ from keras_thermo import equilibration as kt_equilibration
 from keras_thermo import grads as kt_grads
 from keras_thermo import priors as kt_priors
 from keras_thermo import samplers as kt_samplers
+from keras_thermo import schedules as kt_schedules
 from keras_thermo._distribute import (
     CrossReplica,
     batch_spec,
@@ -229,7 +230,9 @@ class BayesianModel(keras.Model):
             0), the usual likelihood of a sequence or dense-prediction model. Layer
             regularization losses, part of `L`, are scaled with it.
         prior: A `keras_thermo.priors.Prior`, or None for a flat prior.
-        temperature: T > 0; the target is `exp(-U / T)` (1 = the Bayes posterior).
+        temperature: T > 0; the target is `exp(-U / T)` (1 = the Bayes posterior). Or a
+            `keras_thermo.schedules.TemperatureSchedule` (e.g. `TemperatureRamp`) giving the T of
+            every step from the step count; the train logs then also carry `temperature`.
         seed: Integer in [0, 2**31) keying all sampler noise; None draws one (kept in the config,
             so saving and resuming stay exact).
         per_example_method: How samplers that need per-example gradients (CCAdL, mCCAdL) get
@@ -272,6 +275,7 @@ class BayesianModel(keras.Model):
         self.loss_elements_per_example = check_positive("loss_elements_per_example", loss_elements_per_example)
         self.prior = kt_priors.get(prior)
         self._temperature_variable = None
+        self.temperature_schedule = None
         self.temperature = temperature
         seed = check_seed("seed", seed)
         self.seed = py_random.randrange(2**31) if seed is None else seed
@@ -281,6 +285,7 @@ class BayesianModel(keras.Model):
         with self.distribute_strategy.scope():
             self._runtime = _Runtime()
         self._state_variables: list = []
+        self._prior_state_variables: list = []
 
     # --- Keras plumbing -----------------------------------------------------------------------
 
@@ -369,7 +374,10 @@ class BayesianModel(keras.Model):
             "sampler": keras.saving.serialize_keras_object(self.sampler),
             "num_examples": self.num_examples,
             "prior": None if self.prior is None else keras.saving.serialize_keras_object(self.prior),
-            "temperature": self.temperature,
+            "temperature": (
+                self.temperature if self.temperature_schedule is None
+                else keras.saving.serialize_keras_object(self.temperature_schedule)
+            ),
             "seed": self.seed,
             "per_example_method": self.per_example_method,
             "loss_elements_per_example": self.loss_elements_per_example,
@@ -386,6 +394,10 @@ class BayesianModel(keras.Model):
             config["prior"] = keras.saving.deserialize_keras_object(
                 config["prior"], custom_objects=custom_objects
             )
+        if isinstance(config.get("temperature"), dict):
+            config["temperature"] = keras.saving.deserialize_keras_object(
+                config["temperature"], custom_objects=custom_objects
+            )
         return cls(**config)
 
     # --- settings the compiled step reads from variables ----------------------------------------
@@ -393,18 +405,48 @@ class BayesianModel(keras.Model):
     @property
     def temperature(self) -> float:
         """T > 0. May be changed at any time (between or during `fit` calls, e.g. from a
-        callback for a temperature ramp): the compiled step reads it from a variable, which
-        checkpoints keep. The sampler's step size works the same way (`sampler.step_size`)."""
+        callback): the compiled step reads it from a variable, which checkpoints keep. The
+        sampler's step size works the same way (`sampler.step_size`). With a temperature
+        schedule (`temperature_schedule`) this is the T of the next step."""
+        if self.temperature_schedule is not None:
+            next_step = int(self._state_variables[0].numpy()) if self._state_variables else 0
+            return float(self.temperature_schedule(next_step))
         if self._temperature_variable is not None:
             return float(self._temperature_variable.numpy())
         return self._temperature
 
     @temperature.setter
     def temperature(self, value) -> None:
+        is_schedule = isinstance(value, kt_schedules.TemperatureSchedule)
+        if not is_schedule and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            raise TypeError(
+                f"`temperature` must be a positive float or a keras_thermo.schedules."
+                f"TemperatureSchedule, got {value!r} ({type(value).__name__})."
+            )
+        if self._temperature_variable is not None and is_schedule != (self.temperature_schedule is not None):
+            # The compiled step reads either the variable or the schedule.
+            raise ValueError(
+                f"`temperature` of this model was a {'schedule' if self.temperature_schedule else 'float'} "
+                f"when its state was built; it cannot become {value!r}. Build a new BayesianModel "
+                "(or set a float temperature from a callback, which the compiled step reads)."
+            )
+        if is_schedule:
+            self.temperature_schedule = value
+            self._temperature = float(value(0))
+            return
         value = check_positive("temperature", value)
         if self._temperature_variable is not None:
             self._temperature_variable.assign(value)
         self._temperature = value
+
+    def _step_temperature(self, step, cross) -> tf.Tensor:
+        """T of the step that starts at `step` (float32 scalar): the schedule's value, also
+        written to the temperature variable (checkpoints and callbacks see it), or the variable."""
+        if self.temperature_schedule is None:
+            return tf.convert_to_tensor(self._temperature_variable)
+        temperature = tf.cast(self.temperature_schedule(step), tf.float32)
+        cross.assign([self._temperature_variable], [temperature])
+        return temperature
 
     def _create_setting_variables(self) -> None:
         """Variables for the temperature and a float step size, so that changing them after the
@@ -448,13 +490,14 @@ class BayesianModel(keras.Model):
         with self.distribute_strategy.scope():
             self._create_state_variables(params)
             self._create_setting_variables()
+            self._create_prior_state_variables()
 
     def _create_state_variables(self, params) -> None:
         initial = self.sampler.init(params, temperature=self.temperature, seed=self.seed)
         names = []
         for field, value in initial._asdict().items():
             if isinstance(value, (list, tuple)):
-                names += [f"{self.sampler.name}_{field}_{i}" for i in range(len(value))]
+                names += [f"{self.sampler.name}_{field}_{i}" for i in range(len(tf.nest.flatten(value)))]
             else:
                 names.append(f"{self.sampler.name}_{field}")
         leaves = tf.nest.flatten(initial)
@@ -463,6 +506,34 @@ class BayesianModel(keras.Model):
             for leaf, name in zip(leaves, names)
         ]
         self._runtime.state_structure = initial
+
+    def _create_prior_state_variables(self) -> None:
+        """Variables for a prior's own state (e.g. `HierarchicalGaussian`'s precisions), bound
+        to the prior so that the potential reads them."""
+        if self.prior is None:
+            return
+        initial = self.prior.initial_state(self.trainable_variables)
+        if not initial:
+            return
+        if self.prior.is_bound:
+            # One prior instance given to a second model: that model gets its own copy.
+            self.prior = type(self.prior).from_config(self.prior.get_config())
+        self._prior_state_variables = [
+            keras.Variable(value, dtype=value.dtype.name, trainable=False, autocast=False, name=f"prior_state_{i}")
+            for i, value in enumerate(initial)
+        ]
+        self.prior.bind_state(self._prior_state_variables)
+
+    def _update_prior_state(self, completed_step, temperature, cross) -> None:
+        """The prior's own move after a sampler step (a Gibbs draw of hyperparameters), from the
+        weights that step produced; nothing moves when the step was not applied."""
+        current = [tf.convert_to_tensor(v) for v in self._prior_state_variables]
+        params = [tf.convert_to_tensor(v) for v in self.trainable_variables]
+        updated = self.prior.update_state(
+            current, params, step=completed_step, seed=self.seed, temperature=temperature
+        )
+        applied = self._runtime.diverged_at < 0
+        cross.assign(self._prior_state_variables, [tf.where(applied, new, old) for new, old in zip(updated, current)])
 
     def sampler_state(self):
         """The sampler state as the sampler's typed container of tensors (read-only view)."""
@@ -520,18 +591,21 @@ class BayesianModel(keras.Model):
         per_example = None
         if self.sampler.needs_per_example_gradients:
             per_example = self._per_example_gradients(x, y, sample_weight, cross)
+        state = self.sampler_state()
+        temperature = self._step_temperature(state.step, cross)
         context = kt_samplers.StepContext(
-            temperature=tf.convert_to_tensor(self._temperature_variable),
+            temperature=temperature,
             num_examples=self.likelihood_weight,
             batch_size=batch_size,
             potential=potential,
             seed=self.seed,
             per_example_gradients=per_example,
         )
-        state = self.sampler_state()
         params = [tf.convert_to_tensor(v) for v in variables]
         new_params, new_state, diagnostics = self.sampler.update(state, params, force, context)
         self._apply_if_finite(variables, new_params, state, new_state, potential, cross)
+        if self._prior_state_variables:
+            self._update_prior_state(new_state.step, temperature, cross)
         if self._runtime.temperature_recorders:
             self._record_temperatures(state, new_state, params, new_params, force)
 
@@ -539,6 +613,8 @@ class BayesianModel(keras.Model):
         logs = dict(logs)
         logs["potential"] = potential
         logs["configurational_temperature"] = configurational_temperature(params, force)
+        if self.temperature_schedule is not None:
+            logs["temperature"] = temperature
         logs.update(diagnostics)
         return cross.per_worker_logs(logs)  # Keras' multi-worker reduction needs vectors
 

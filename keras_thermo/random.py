@@ -19,6 +19,7 @@ STREAM_MOMENTUM_2 = 2
 STREAM_TEMPERING = 3
 STREAM_TEMPERING_INIT = 4
 STREAM_DATA = 5  # minibatch indices drawn by `BayesianModel.fit` from arrays
+STREAM_PRIOR = 16  # hyperparameter draws of priors (`keras_thermo.priors.HierarchicalGaussian`)
 
 
 def step_key(seed: int, step: tf.Tensor, stream: int) -> tf.Tensor:

@@ -1,14 +1,15 @@
-"""The runnable examples in the docstrings of the prediction and diagnostics modules run and
-print what they show (doctest)."""
+"""The runnable examples in the docstrings of the prediction, diagnostics, schedule and prior
+modules, and of the preconditioners, run and print what they show (doctest)."""
 
 import doctest
 
 import pytest
 
-from keras_thermo import callbacks, diagnostics, metrics, posterior
+from keras_thermo import callbacks, diagnostics, metrics, posterior, priors, schedules
+from keras_thermo.samplers import preconditioning
 
 
-@pytest.mark.parametrize("module", [metrics, diagnostics, posterior, callbacks], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [metrics, diagnostics, posterior, callbacks, schedules, priors, preconditioning], ids=lambda m: m.__name__)
 def test_docstring_examples_run(module):
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0

@@ -190,6 +190,7 @@ BAD_MODEL_INPUTS = [
     (dict(num_examples=0), ValueError, ["num_examples", "0"]),
     (dict(num_examples=10.5), TypeError, ["num_examples", "10.5"]),
     (dict(temperature=-1.0), ValueError, ["temperature", "-1.0"]),
+    (dict(temperature="hot"), TypeError, ["temperature", "'hot'", "TemperatureSchedule"]),
     (dict(seed=-3), ValueError, ["seed", "-3"]),
     (dict(loss_elements_per_example=0), ValueError, ["loss_elements_per_example", "0"]),
     (dict(loss_elements_per_example="tokens"), TypeError, ["loss_elements_per_example", "'tokens'"]),

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import keras
 
+from keras_thermo.samplers import preconditioning
 from keras_thermo.samplers.base import Sampler, StepContext
+from keras_thermo.samplers.preconditioning import Preconditioner
 from keras_thermo.samplers.ccadl import CCAdL
 from keras_thermo.samplers.mccadl import MCCAdL
 from keras_thermo.samplers.sghmc import SGHMC
@@ -65,5 +67,5 @@ def get(identifier, **kwargs) -> Sampler:
 
 __all__ = [
     "Sampler", "StepContext", "SGLD", "SGHMC", "SGNHT", "CCAdL", "MCCAdL", "TACTHMC",
-    "available", "get", "register",
+    "Preconditioner", "available", "get", "preconditioning", "register",
 ]

@@ -16,6 +16,7 @@ import tensorflow as tf
 from keras_thermo import random as kt_random
 from keras_thermo._validation import check_optional_positive, check_positive
 from keras_thermo.samplers import integrators
+from keras_thermo.samplers import preconditioning as kt_preconditioning
 
 Tensors = list[tf.Tensor]
 
@@ -75,14 +76,20 @@ class Sampler:
     Subclasses define `init`, `update` and `get_config`, and set `name`. They may override
     `step_size_at` (schedules), `is_sample` (samplers that yield samples only on some steps),
     and `needs_per_example_gradients`.
+
+    `preconditioner` (None, `"layerwise"`, `"rmsprop"` or a `preconditioning.Preconditioner`)
+    gives the sampler a diagonal mass estimated from the force (`keras_thermo.samplers.
+    preconditioning`); its state is the last field of the sampler state, `preconditioner`, an
+    empty tuple (no variables) when None.
     """
 
     name: str = "sampler"
     needs_per_example_gradients: bool = False
 
-    def __init__(self, step_size: float | keras.optimizers.schedules.LearningRateSchedule):
+    def __init__(self, step_size: float | keras.optimizers.schedules.LearningRateSchedule, preconditioner=None):
         self._step_size_variable = None
         self.step_size = step_size
+        self.preconditioner = kt_preconditioning.get(preconditioner)
 
     @property
     def step_size(self) -> float | keras.optimizers.schedules.LearningRateSchedule:
@@ -158,9 +165,18 @@ class Sampler:
         return tf.constant(self._step_size, tf.float32)
 
     def is_sample(self, state: NamedTuple) -> tf.Tensor:
-        """Whether the step that produced `state` yields a posterior sample."""
-        del state
-        return tf.constant(True)
+        """Whether the step that produced `state` yields a posterior sample (subclasses that
+        yield samples only on some steps combine their rule with `in_sampling_phase`)."""
+        return self.in_sampling_phase(state)
+
+    def in_sampling_phase(self, state: NamedTuple) -> tf.Tensor:
+        """False when the step that produced `state` lies in an exploration phase of the
+        step-size schedule (a schedule with an `in_sampling_phase(step)` method, such as
+        `keras_thermo.schedules.Cyclical`); True for any other step size."""
+        phase = getattr(self._step_size, "in_sampling_phase", None)
+        if phase is None:
+            return tf.constant(True)
+        return phase(state.step - 1)  # `state.step` counts the steps completed
 
     def variable_kinetic_temperatures(self, new_state: NamedTuple, params, new_params) -> Tensors:
         """Each variable's kinetic temperature after a step, `p_v . M^-1 . p_v / n_v` (float32
@@ -172,8 +188,37 @@ class Sampler:
         momentum = getattr(new_state, "momentum", None)
         if momentum is None:
             raise NotImplementedError(f"{type(self).__name__} has no momentum; override this method.")
-        mass = float(getattr(self, "mass", 1.0))
-        return [tf.reduce_sum(tf.square(tf.cast(p, tf.float32))) / (mass * float(num_scalars([p]))) for p in momentum]
+        if self.preconditioner is None:
+            mass = float(getattr(self, "mass", 1.0))
+            return [tf.reduce_sum(tf.square(tf.cast(p, tf.float32))) / (mass * float(num_scalars([p]))) for p in momentum]
+        masses = self.masses(new_state.preconditioner)
+        return [integrators.twice_kinetic_energy([p], [m]) / float(num_scalars([p])) for p, m in zip(momentum, masses)]
+
+    # --- preconditioning ----------------------------------------------------------------------
+
+    def init_preconditioner(self, params) -> tuple:
+        """The `preconditioner` field of the initial state (empty without one)."""
+        if self.preconditioner is None:
+            return ()
+        return self.preconditioner.init(params)
+
+    def masses(self, preconditioner_state):
+        """The mass argument of `integrators`: the scalar `mass` (1 for samplers without one)
+        without a preconditioner, else `mass * m_v` per variable."""
+        base = float(getattr(self, "mass", 1.0))
+        if self.preconditioner is None:
+            return base
+        return [base * m for m in preconditioner_state.mass]
+
+    def precondition(self, state: NamedTuple, force) -> tuple[Any, Any, Tensors]:
+        """`(mass, preconditioner state, momentum factors)` of the step that starts at `state`:
+        the masses this step uses, the new preconditioner state, and the factors
+        `sqrt(m_new / m_old)` to rescale the momentum by (None without a preconditioner)."""
+        if self.preconditioner is None:
+            return self.masses(()), (), None
+        new = self.preconditioner.update(state.preconditioner, force, state.step)
+        factors = kt_preconditioning.momentum_factors(state.preconditioner, new)
+        return self.masses(new), new, factors
 
     def at_target_temperature(self, state: NamedTuple) -> tf.Tensor:
         """Whether theta is sampled at the temperature T when the chain is at `state` (samplers
@@ -186,7 +231,8 @@ class Sampler:
         step_size = self.step_size
         if isinstance(step_size, keras.optimizers.schedules.LearningRateSchedule):
             step_size = keras.saving.serialize_keras_object(step_size)
-        return {"step_size": step_size}
+        preconditioner = None if self.preconditioner is None else self.preconditioner.get_config()
+        return {"step_size": step_size, "preconditioner": preconditioner}
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "Sampler":
@@ -209,8 +255,11 @@ class ThermostatSampler(Sampler):
     #: notes when a data pipeline's own batch order is used).
     assumes_white_gradient_noise = True
 
-    def __init__(self, step_size, friction: float = 1.0, thermal_mass: float | None = None, mass: float = 1.0):
-        super().__init__(step_size)
+    def __init__(
+        self, step_size, friction: float = 1.0, thermal_mass: float | None = None, mass: float = 1.0,
+        preconditioner=None,
+    ):
+        super().__init__(step_size, preconditioner=preconditioner)
         self.friction = check_positive("friction", friction)
         self.thermal_mass = check_optional_positive("thermal_mass", thermal_mass)
         self.mass = check_positive("mass", mass)
@@ -219,18 +268,19 @@ class ThermostatSampler(Sampler):
         momentum = sample_momentum(params, seed=seed, temperature=temperature, mass=self.mass)
         return momentum, tf.constant(self.friction, integrators.THERMOSTAT_DTYPE)
 
-    def ou_kwargs(self, context: StepContext) -> dict:
-        """Keyword arguments of `integrators.ornstein_uhlenbeck` / `euler_momentum`."""
-        return {"noise_friction": self.friction, "temperature": context.temperature, "mass": self.mass}
+    def ou_kwargs(self, context: StepContext, mass=None) -> dict:
+        """Keyword arguments of `integrators.ornstein_uhlenbeck` / `euler_momentum` (`mass`: the
+        step's masses from `precondition`; default the scalar `mass`)."""
+        return {"noise_friction": self.friction, "temperature": context.temperature, "mass": self.mass if mass is None else mass}
 
-    def thermostat_kwargs(self, params, context: StepContext) -> dict:
+    def thermostat_kwargs(self, params, context: StepContext, mass=None) -> dict:
         """Keyword arguments of `integrators.thermostat` (thermal mass defaults to Nd)."""
         num_params = num_scalars(params)
         return {
             "thermal_mass": self.thermal_mass or float(num_params),
             "num_params": num_params,
             "temperature": context.temperature,
-            "mass": self.mass,
+            "mass": self.mass if mass is None else mass,
         }
 
     def get_config(self) -> dict[str, Any]:

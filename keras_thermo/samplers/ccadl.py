@@ -63,6 +63,7 @@ class CCAdLState(NamedTuple):
     momentum: list
     xi: tf.Tensor
     covariance: list | tf.Tensor
+    preconditioner: tuple = ()
 
 
 @keras.saving.register_keras_serializable(package="keras_thermo")
@@ -90,6 +91,8 @@ class CCAdL(ThermostatSampler):
         covariance_window: None (default) for the paper's running mean `k_t = 1/t` over every
             step, or an integer W >= 1 for `k_t = max(1/t, 1/W)`: the running mean for the first
             W steps, then an exponential average over about the last W, which forgets burn-in.
+        preconditioner: None, `"layerwise"` (exact after its warm-up), `"rmsprop"` (approximate)
+            or a `preconditioning.Preconditioner`: the mass becomes `M diag(m)`.
 
     Example:
         >>> import keras_thermo as kt
@@ -115,8 +118,11 @@ class CCAdL(ThermostatSampler):
         mass: float = 1.0,
         max_full_params: int = DEFAULT_MAX_FULL_PARAMS,
         covariance_window: int | None = None,
+        preconditioner=None,
     ):
-        super().__init__(step_size, friction=friction, thermal_mass=thermal_mass, mass=mass)
+        super().__init__(
+            step_size, friction=friction, thermal_mass=thermal_mass, mass=mass, preconditioner=preconditioner
+        )
         self.covariance = check_choice("covariance", covariance, ("diag", "full"))
         self.max_full_params = check_int("max_full_params", max_full_params, low=1)
         self.covariance_window = (
@@ -138,7 +144,10 @@ class CCAdL(ThermostatSampler):
         else:
             average = [tf.zeros(p.shape, integrators.THERMOSTAT_DTYPE) for p in params]
         momentum, xi = self.initial_momentum_and_xi(params, temperature=temperature, seed=seed)
-        return CCAdLState(step=tf.constant(0, tf.int64), momentum=momentum, xi=xi, covariance=average)
+        return CCAdLState(
+            step=tf.constant(0, tf.int64), momentum=momentum, xi=xi, covariance=average,
+            preconditioner=self.init_preconditioner(params),
+        )
 
     def average_weight(self, step: tf.Tensor) -> tf.Tensor:
         """`k_t` (float64) of the step whose state has counter `step` (t = step + 1)."""
@@ -165,37 +174,63 @@ class CCAdL(ThermostatSampler):
         return [integrators.as_float32(var) * p for var, p in zip(average, momentum)]
 
     @staticmethod
-    def _trace(average) -> tf.Tensor:
+    def _trace(average, inverse_mass=None) -> tf.Tensor:
+        """`tr(I_t)`, or `tr(M^-1/2 I_t M^-1/2) = sum_i I_ii / m_i` given `M^-1` per variable."""
+        if inverse_mass is None:
+            if isinstance(average, (list, tuple)):
+                return integrators.as_float32(tf.add_n([tf.reduce_sum(v) for v in average]))
+            return integrators.as_float32(tf.linalg.trace(average))
         if isinstance(average, (list, tuple)):
-            return integrators.as_float32(tf.add_n([tf.reduce_sum(v) for v in average]))
-        return integrators.as_float32(tf.linalg.trace(average))
+            return tf.add_n([tf.reduce_sum(integrators.as_float32(v) * w) for v, w in zip(average, inverse_mass)])
+        diagonal = integrators.as_float32(tf.linalg.diag_part(average))
+        return tf.reduce_sum(diagonal * kt_grads.flatten(inverse_mass))
 
     def update(self, state: CCAdLState, params, force, context: StepContext):
         per_example = require_per_example_gradients(context, "CCAdL")
         h = self.step_size_at(state.step)
         num_params = num_scalars(params)
         beta = 1.0 / context.temperature
-        # The papers' Sigma is defined by F~ = -grad U + sqrt(Sigma) M^1/2 R, i.e. the force
-        # covariance divided by the mass: Sigma = (N^2/n) I_t / M.
-        sigma_scale = force_noise_scale(context) / self.mass
+        mass, preconditioner, factors = self.precondition(state, force)
+        if factors is not None:
+            state = state._replace(momentum=[p * c for p, c in zip(state.momentum, factors)])
 
         average = self._moving_average(state, per_example, params)
-        sigma_p = [sigma_scale * v for v in self._covariance_times(average, state.momentum, params)]
+        if self.preconditioner is None:
+            # The papers' Sigma is defined by F~ = -grad U + sqrt(Sigma) M^1/2 R, i.e. the force
+            # covariance divided by the mass: Sigma = (N^2/n) I_t / M.
+            sigma_scale = force_noise_scale(context) / self.mass
+            sigma_p = [sigma_scale * v for v in self._covariance_times(average, state.momentum, params)]
+            noise_scale = sigma_scale * self._trace(average) / float(num_params)
+        else:
+            # Diagonal mass M. The force noise B = (N^2/n) I_t enters p with covariance h^2 B per
+            # step; in q = M^-1/2 p (q ~ N(0, T I) at equilibrium) it is M^-1/2 B M^-1/2 =: Sigma,
+            # so the friction that cancels it is dq = -(h/2) beta Sigma q dt, i.e. on p
+            #   M^1/2 (h/2) beta Sigma M^-1/2 p = (h/2) beta (N^2/n) I_t M^-1 p
+            # (fluctuation-dissipation: K T M + T M K^T = h B holds for K = (h/2) beta B M^-1).
+            # A scalar M gives the line above; `noise_scale` is tr(Sigma) / Nd.
+            inverse_mass = [1.0 / m for m in mass]
+            sigma_scale = force_noise_scale(context)
+            scaled_momentum = [p * w for p, w in zip(state.momentum, inverse_mass)]
+            sigma_p = [sigma_scale * v for v in self._covariance_times(average, scaled_momentum, params)]
+            full_inverse = [tf.broadcast_to(w, p.shape) for w, p in zip(inverse_mass, params)]
+            noise_scale = sigma_scale * self._trace(average, full_inverse) / float(num_params)
         # p + h (F - (h/2) beta Sigma p) - h xi p + noise is the paper's momentum update.
         corrected_force = [f - (0.5 * h * beta) * s for f, s in zip(force, sigma_p)]
         noise = context.normal(state.step, params, kt_random.STREAM_MOMENTUM)
         momentum = integrators.euler_momentum(
-            state.momentum, corrected_force, noise, state.xi, h, **self.ou_kwargs(context)
+            state.momentum, corrected_force, noise, state.xi, h, **self.ou_kwargs(context, mass)
         )
-        new_params = integrators.drift(params, momentum, h, self.mass)
-        xi = integrators.thermostat(state.xi, momentum, h, **self.thermostat_kwargs(params, context))
+        new_params = integrators.drift(params, momentum, h, mass)
+        xi = integrators.thermostat(state.xi, momentum, h, **self.thermostat_kwargs(params, context, mass))
         diagnostics = {
-            "kinetic_temperature": integrators.kinetic_temperature(momentum, self.mass, num_params),
+            "kinetic_temperature": integrators.kinetic_temperature(momentum, mass, num_params),
             "step_size": h,
             "xi": integrators.as_float32(xi),
-            "noise_scale": sigma_scale * self._trace(average) / float(num_params),
+            "noise_scale": noise_scale,
         }
-        new_state = CCAdLState(step=state.step + 1, momentum=momentum, xi=xi, covariance=average)
+        new_state = CCAdLState(
+            step=state.step + 1, momentum=momentum, xi=xi, covariance=average, preconditioner=preconditioner
+        )
         return new_params, new_state, diagnostics
 
     def get_config(self):

@@ -11,6 +11,11 @@ Names follow the splitting literature (Leimkuhler & Matthews; Wei & Shang 2026, 
 
 Samplers are sequences of these; a newcomer finds each rule here, once.
 
+`mass` is the scalar M (a Python float), or a diagonal mass given per trainable tensor (a list of
+float32 tensors, each a scalar or shaped like its tensor; `keras_thermo.samplers.preconditioning`):
+every piece then uses `M^-1 p`, `p.M^-1.p` and `M^1/2` noise. A scalar mass keeps the
+scalar code path unchanged.
+
 Thermostats are float64 scalars. With the paper configs' friction (xi ~ A = 434-1061) and step
 sizes (h ~ 1.3e-4) one D step moves xi by `h (K - T)`, which is below half a float32 ulp of xi
 unless the kinetic temperature is off by 13-43%: a float32 thermostat would stay frozen at A and
@@ -36,14 +41,23 @@ def as_float32(value) -> tf.Tensor:
     return tf.cast(value, tf.float32)
 
 
+def per_tensor(mass, count: int) -> list:
+    """The mass of each of `count` tensors: the scalar repeated, or the given diagonal masses."""
+    if isinstance(mass, (list, tuple)):
+        if len(mass) != count:
+            raise ValueError(f"{len(mass)} masses were given for {count} tensors.")
+        return list(mass)
+    return [mass] * count
+
+
 def kick(momentum: Sequence[tf.Tensor], force: Sequence[tf.Tensor], tau) -> Tensors:
     """B: `p + tau F`."""
     return [p + tau * f for p, f in zip(momentum, force)]
 
 
-def drift(params: Sequence[tf.Tensor], momentum: Sequence[tf.Tensor], tau, mass: float) -> Tensors:
-    """A: `theta + tau M^-1 p` (scalar mass)."""
-    return [theta + (tau / mass) * p for theta, p in zip(params, momentum)]
+def drift(params: Sequence[tf.Tensor], momentum: Sequence[tf.Tensor], tau, mass) -> Tensors:
+    """A: `theta + tau M^-1 p`."""
+    return [theta + (tau / m) * p for theta, p, m in zip(params, momentum, per_tensor(mass, len(params)))]
 
 
 def ou_noise_std(xi, tau, noise_friction, temperature: float):
@@ -69,7 +83,7 @@ def ornstein_uhlenbeck(
     *,
     noise_friction,
     temperature: float,
-    mass: float,
+    mass,
 ) -> Tensors:
     """O: `p <- exp(-xi tau) p + sqrt(A T (1 - exp(-2 xi tau)) / xi) M^1/2 R`.
 
@@ -83,8 +97,9 @@ def ornstein_uhlenbeck(
         mass: Scalar M.
     """
     decay = tf.exp(-as_float32(xi) * tau)
-    std = ou_noise_std(xi, tau, noise_friction, temperature) * mass**0.5
-    return [decay * p + std * r for p, r in zip(momentum, noise)]
+    std = ou_noise_std(xi, tau, noise_friction, temperature)
+    masses = per_tensor(mass, len(momentum))
+    return [decay * p + (std * m**0.5) * r for p, r, m in zip(momentum, noise, masses)]
 
 
 def euler_momentum(
@@ -96,20 +111,22 @@ def euler_momentum(
     *,
     noise_friction,
     temperature: float,
-    mass: float,
+    mass,
 ) -> Tensors:
     """Euler momentum step: `p + h F - h xi p + sqrt(2 A T h) M^1/2 R`."""
-    std = tf.sqrt(2.0 * noise_friction * temperature * h * mass)
     friction = h * as_float32(xi)
-    return [p + h * f - friction * p + std * r for p, f, r in zip(momentum, force, noise)]
+    stds = [tf.sqrt(2.0 * noise_friction * temperature * h * m) for m in per_tensor(mass, len(momentum))]
+    return [p + h * f - friction * p + std * r for p, f, r, std in zip(momentum, force, noise, stds)]
 
 
-def twice_kinetic_energy(momentum: Sequence[tf.Tensor], mass: float) -> tf.Tensor:
+def twice_kinetic_energy(momentum: Sequence[tf.Tensor], mass) -> tf.Tensor:
     """`p.M^-1.p` as a float32 scalar."""
+    if isinstance(mass, (list, tuple)):
+        return tf.add_n([tf.reduce_sum(tf.square(tf.cast(p, tf.float32)) / m) for p, m in zip(momentum, mass)])
     return tf.add_n([tf.reduce_sum(tf.square(tf.cast(p, tf.float32))) for p in momentum]) / mass
 
 
-def kinetic_temperature(momentum: Sequence[tf.Tensor], mass: float, num_params: int) -> tf.Tensor:
+def kinetic_temperature(momentum: Sequence[tf.Tensor], mass, num_params: int) -> tf.Tensor:
     """`p.M^-1.p / Nd`, which averages T at equilibrium."""
     return twice_kinetic_energy(momentum, mass) / float(num_params)
 
@@ -122,7 +139,7 @@ def thermostat(
     thermal_mass: float,
     num_params: int,
     temperature: float,
-    mass: float,
+    mass,
 ) -> tf.Tensor:
     """D: `xi + (tau / mu) (p.M^-1.p - Nd T)`: rises when the system runs hotter than T.
 

@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from keras_thermo import grads as kt_grads
 from keras_thermo import linalg as kt_linalg
+from keras_thermo.linalg.operators import CenteredRows, symmetrized
 from keras_thermo._validation import check_choice
 from keras_thermo.samplers import integrators
 from keras_thermo.samplers.base import (
@@ -41,10 +42,80 @@ from keras_thermo.samplers.base import (
     num_scalars,
     require_per_example_gradients,
 )
+
+
 class MCCAdLState(NamedTuple):
     step: tf.Tensor
     momentum: list
     xi: tf.Tensor
+    preconditioner: tuple = ()
+
+
+class ScaledColumns(CenteredRows):
+    """`Gc diag(d)`: the columns of a `CenteredRows` operator scaled by a vector `d` `[D]`.
+
+    With `d = diag(M)^-1/2` it is the factor of `M^-1/2 Gc^T Gc M^-1/2`, the covariance in the
+    mass-weighted momentum `q = M^-1/2 p` (the C step under a diagonal mass, see `MCCAdL`).
+    Products cost one product of the wrapped operator; the Gram matrix `Gc diag(d^2) Gc^T`
+    takes the `[D, n]` block `Gc^T` once.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> from keras_thermo.linalg.operators import MatrixRows
+        >>> rows = ScaledColumns(MatrixRows(tf.constant([[1.0, 2.0], [-1.0, -2.0]])), tf.constant([2.0, 0.5]))
+        >>> rows.gram().numpy().tolist()
+        [[5.0, -5.0], [-5.0, 5.0]]
+    """
+
+    def __init__(self, inner: CenteredRows, scale: tf.Tensor):
+        self.inner = inner
+        self.scale = scale
+
+    @property
+    def num_rows(self):
+        return self.inner.num_rows
+
+    @property
+    def num_cols(self):
+        return self.inner.num_cols
+
+    @property
+    def dtype(self) -> tf.DType:
+        return self.inner.dtype
+
+    def matvec(self, block):
+        return self.inner.matvec(tf.cast(self.scale, block.dtype)[:, None] * block)
+
+    def rmatvec(self, block):
+        return tf.cast(self.scale, block.dtype)[:, None] * self.inner.rmatvec(block)
+
+    def gram(self):
+        transposed = self.inner.rmatvec(tf.eye(self.inner.num_rows, dtype=self.dtype))  # Gc^T, [D, n]
+        weighted = tf.square(tf.cast(self.scale, self.dtype))[:, None] * transposed
+        return symmetrized(self.inner.matvec(weighted))
+
+    def frobenius_squared(self):
+        return tf.linalg.trace(self.gram())
+
+    def __tf_flatten__(self):
+        metadata, components = self.inner.__tf_flatten__()
+        return (type(self.inner), metadata, len(components)), (*components, self.scale)
+
+    @classmethod
+    def __tf_unflatten__(cls, metadata, components):
+        inner_type, inner_metadata, count = metadata
+        rows = cls.__new__(cls)
+        rows.inner = inner_type.__tf_unflatten__(inner_metadata, list(components[:count]))
+        rows.scale = components[count]
+        return rows
+
+
+def scale_columns(centered, scale: tf.Tensor):
+    """`Gc diag(scale)` for a `[n, D]` tensor (scaled in place) or a `CenteredRows` operator."""
+    if isinstance(centered, CenteredRows):
+        return ScaledColumns(centered, scale)
+    centered = tf.convert_to_tensor(centered)
+    return centered * tf.cast(scale, centered.dtype)[None, :]
 
 
 def covariance_step(
@@ -94,6 +165,8 @@ class MCCAdL(ThermostatSampler):
         expm: How the C step applies the matrix exponential: `"taylor"` (scaled Taylor series of
             Al-Mohy & Higham, the paper's method), `"gram"` (exact, through the `n x n` Gram
             matrix) or `"auto"` (the cheaper of the two for each step).
+        preconditioner: None, `"layerwise"` (exact after its warm-up), `"rmsprop"` (approximate)
+            or a `preconditioning.Preconditioner`: the mass becomes `M diag(m)`.
 
     Example:
         >>> from keras_thermo.samplers.mccadl import MCCAdL
@@ -118,13 +191,18 @@ class MCCAdL(ThermostatSampler):
         thermal_mass: float | None = None,
         mass: float = 1.0,
         expm: str = "auto",
+        preconditioner=None,
     ):
-        super().__init__(step_size, friction=friction, thermal_mass=thermal_mass, mass=mass)
+        super().__init__(
+            step_size, friction=friction, thermal_mass=thermal_mass, mass=mass, preconditioner=preconditioner
+        )
         self.expm = check_choice("expm", expm, kt_linalg.dispatch.METHODS)
 
     def init(self, params: Sequence[tf.Tensor], *, temperature: float, seed: int) -> MCCAdLState:
         momentum, xi = self.initial_momentum_and_xi(params, temperature=temperature, seed=seed)
-        return MCCAdLState(step=tf.constant(0, tf.int64), momentum=momentum, xi=xi)
+        return MCCAdLState(
+            step=tf.constant(0, tf.int64), momentum=momentum, xi=xi, preconditioner=self.init_preconditioner(params)
+        )
 
     def update(self, state: MCCAdLState, params, force, context: StepContext):
         per_example = require_per_example_gradients(context, "MCCAdL")
@@ -134,21 +212,44 @@ class MCCAdL(ThermostatSampler):
 
         centered = per_example.covariance_factor()
         rows = per_example.count
-        # The papers' Sigma is the force covariance over the mass, (N^2/n) Gc^T Gc / ((n-1) M),
-        # so h (h/2) beta Sigma = tau Gc^T Gc with:
-        sigma_scale = force_noise_scale(context) / self.mass
-        tau = h * (0.5 * h) * beta * sigma_scale / (rows - 1.0)
+        mass, preconditioner, factors = self.precondition(state, force)
+        if factors is not None:
+            state = state._replace(momentum=[p * c for p, c in zip(state.momentum, factors)])
+        if self.preconditioner is None:
+            # The papers' Sigma is the force covariance over the mass, (N^2/n) Gc^T Gc / ((n-1) M),
+            # so h (h/2) beta Sigma = tau Gc^T Gc with:
+            sigma_scale = force_noise_scale(context) / self.mass
+            tau = h * (0.5 * h) * beta * sigma_scale / (rows - 1.0)
 
-        def c_step(momentum):
-            momentum, matvecs, method_code = covariance_step(momentum, centered, tau, self.expm)
-            return momentum, (matvecs, method_code)
+            def c_step(momentum):
+                momentum, matvecs, method_code = covariance_step(momentum, centered, tau, self.expm)
+                return momentum, (matvecs, method_code)
+
+            noise_trace = sigma_scale * per_example.covariance_trace()
+        else:
+            # Diagonal mass M: Sigma = M^-1/2 B M^-1/2 with B = (N^2/n) Gc^T Gc / (n-1), the force
+            # noise seen by q = M^-1/2 p (derived in `keras_thermo.samplers.ccadl`). The C step is
+            # the exact flow of dq = -(h/2) beta Sigma q dt over h: q <- exp(-tau Gs^T Gs) q with
+            # Gs = Gc M^-1/2 and the tau of a unit mass; p = M^1/2 q.
+            sigma_scale = force_noise_scale(context)
+            tau = h * (0.5 * h) * beta * sigma_scale / (rows - 1.0)
+            inverse_sqrt = [tf.broadcast_to(tf.math.rsqrt(m), p.shape) for m, p in zip(mass, params)]
+            flat_inverse_sqrt = kt_grads.flatten(inverse_sqrt)
+            scaled = scale_columns(centered, flat_inverse_sqrt)
+
+            def c_step(momentum):
+                q = [p * s for p, s in zip(momentum, inverse_sqrt)]
+                q, matvecs, method_code = covariance_step(q, scaled, tau, self.expm)
+                return [x / s for x, s in zip(q, inverse_sqrt)], (matvecs, method_code)
+
+            diagonal = tf.cast(per_example.diagonal_covariance(), tf.float32)
+            noise_trace = sigma_scale * tf.reduce_sum(diagonal * tf.square(flat_inverse_sqrt))
 
         new_params, momentum, xi, kinetic, (matvecs, method_code) = integrators.symmetric_step(
-            state, params, force, h, context, ou_kwargs=self.ou_kwargs(context),
-            thermostat_kwargs=self.thermostat_kwargs(params, context), covariance_step=c_step,
+            state, params, force, h, context, ou_kwargs=self.ou_kwargs(context, mass),
+            thermostat_kwargs=self.thermostat_kwargs(params, context, mass), covariance_step=c_step,
         )
 
-        noise_trace = sigma_scale * per_example.covariance_trace()
         diagnostics = {
             # The mean of the D steps' values (before and after C), which xi holds at T.
             "kinetic_temperature": kinetic,
@@ -158,7 +259,8 @@ class MCCAdL(ThermostatSampler):
             "expm_matvecs": tf.cast(matvecs, tf.float32),
             "expm_method": tf.cast(method_code, tf.float32),
         }
-        return new_params, MCCAdLState(step=state.step + 1, momentum=momentum, xi=xi), diagnostics
+        new_state = MCCAdLState(step=state.step + 1, momentum=momentum, xi=xi, preconditioner=preconditioner)
+        return new_params, new_state, diagnostics
 
     def get_config(self):
         return {**super().get_config(), "expm": self.expm}

@@ -20,6 +20,7 @@ from keras_thermo.samplers.base import Sampler, StepContext, num_scalars, sample
 class SGHMCState(NamedTuple):
     step: tf.Tensor
     momentum: list
+    preconditioner: tuple = ()
 
 
 @keras.saving.register_keras_serializable(package="keras_thermo")
@@ -35,6 +36,8 @@ class SGHMC(Sampler):
         step_size: h, a positive float or a `LearningRateSchedule`.
         friction: A > 0.
         mass: Scalar mass M > 0.
+        preconditioner: None, `"layerwise"` (exact after its warm-up), `"rmsprop"` (approximate)
+            or a `preconditioning.Preconditioner`: the mass becomes `M diag(m)`.
 
     Example:
         >>> import keras_thermo as kt
@@ -46,30 +49,31 @@ class SGHMC(Sampler):
 
     name = "sghmc"
 
-    def __init__(self, step_size, friction: float = 1.0, mass: float = 1.0):
-        super().__init__(step_size)
+    def __init__(self, step_size, friction: float = 1.0, mass: float = 1.0, preconditioner=None):
+        super().__init__(step_size, preconditioner=preconditioner)
         self.friction = check_positive("friction", friction)
         self.mass = check_positive("mass", mass)
 
     def init(self, params: Sequence[tf.Tensor], *, temperature: float, seed: int) -> SGHMCState:
         momentum = sample_momentum(params, seed=seed, temperature=temperature, mass=self.mass)
-        return SGHMCState(step=tf.constant(0, tf.int64), momentum=momentum)
+        return SGHMCState(step=tf.constant(0, tf.int64), momentum=momentum, preconditioner=self.init_preconditioner(params))
 
     def update(self, state: SGHMCState, params, force, context: StepContext):
         h = self.step_size_at(state.step)
         noise = context.normal(state.step, params, kt_random.STREAM_MOMENTUM)
+        mass, preconditioner, factors = self.precondition(state, force)
+        momentum = state.momentum if factors is None else [p * c for p, c in zip(state.momentum, factors)]
         momentum = integrators.euler_momentum(
-            state.momentum, force, noise, self.friction, h,
-            noise_friction=self.friction, temperature=context.temperature, mass=self.mass,
+            momentum, force, noise, self.friction, h,
+            noise_friction=self.friction, temperature=context.temperature, mass=mass,
         )
-        new_params = integrators.drift(params, momentum, h, self.mass)
+        new_params = integrators.drift(params, momentum, h, mass)
         diagnostics = {
-            "kinetic_temperature": integrators.kinetic_temperature(
-                momentum, self.mass, num_scalars(params)
-            ),
+            "kinetic_temperature": integrators.kinetic_temperature(momentum, mass, num_scalars(params)),
             "step_size": h,
         }
-        return new_params, SGHMCState(step=state.step + 1, momentum=momentum), diagnostics
+        new_state = SGHMCState(step=state.step + 1, momentum=momentum, preconditioner=preconditioner)
+        return new_params, new_state, diagnostics
 
     def get_config(self):
         return {**super().get_config(), "friction": self.friction, "mass": self.mass}

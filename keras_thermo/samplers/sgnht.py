@@ -27,6 +27,7 @@ class SGNHTState(NamedTuple):
     step: tf.Tensor
     momentum: list
     xi: tf.Tensor
+    preconditioner: tuple = ()
 
 
 @keras.saving.register_keras_serializable(package="keras_thermo")
@@ -42,6 +43,8 @@ class SGNHT(ThermostatSampler):
         thermal_mass: mu > 0; default `Nd`, the number of trainable scalars.
         mass: Scalar mass M > 0.
         integrator: `"euler"` (Algorithm 1) or `"symmetric"` (BAODDOAB).
+        preconditioner: None, `"layerwise"` (exact after its warm-up), `"rmsprop"` (approximate)
+            or a `preconditioning.Preconditioner`: the mass becomes `M diag(m)`.
 
     Example:
         >>> import keras_thermo as kt
@@ -60,24 +63,32 @@ class SGNHT(ThermostatSampler):
         thermal_mass: float | None = None,
         mass: float = 1.0,
         integrator: str = "euler",
+        preconditioner=None,
     ):
-        super().__init__(step_size, friction=friction, thermal_mass=thermal_mass, mass=mass)
+        super().__init__(
+            step_size, friction=friction, thermal_mass=thermal_mass, mass=mass, preconditioner=preconditioner
+        )
         self.integrator = check_choice("integrator", integrator, ("euler", "symmetric"))
 
     def init(self, params: Sequence[tf.Tensor], *, temperature: float, seed: int) -> SGNHTState:
         momentum, xi = self.initial_momentum_and_xi(params, temperature=temperature, seed=seed)
-        return SGNHTState(step=tf.constant(0, tf.int64), momentum=momentum, xi=xi)
+        return SGNHTState(
+            step=tf.constant(0, tf.int64), momentum=momentum, xi=xi, preconditioner=self.init_preconditioner(params)
+        )
 
     def update(self, state: SGNHTState, params, force, context: StepContext):
         h = self.step_size_at(state.step)
-        ou_kwargs = self.ou_kwargs(context)
-        thermostat_kwargs = self.thermostat_kwargs(params, context)
+        mass, preconditioner, factors = self.precondition(state, force)
+        if factors is not None:
+            state = state._replace(momentum=[p * c for p, c in zip(state.momentum, factors)])
+        ou_kwargs = self.ou_kwargs(context, mass)
+        thermostat_kwargs = self.thermostat_kwargs(params, context, mass)
         if self.integrator == "euler":
             noise = context.normal(state.step, params, kt_random.STREAM_MOMENTUM)
             momentum = integrators.euler_momentum(state.momentum, force, noise, state.xi, h, **ou_kwargs)
-            new_params = integrators.drift(params, momentum, h, self.mass)
+            new_params = integrators.drift(params, momentum, h, mass)
             xi = integrators.thermostat(state.xi, momentum, h, **thermostat_kwargs)
-            kinetic = integrators.kinetic_temperature(momentum, self.mass, thermostat_kwargs["num_params"])
+            kinetic = integrators.kinetic_temperature(momentum, mass, thermostat_kwargs["num_params"])
         else:
             new_params, momentum, xi, kinetic, _ = integrators.symmetric_step(
                 state, params, force, h, context, ou_kwargs=ou_kwargs, thermostat_kwargs=thermostat_kwargs
@@ -88,7 +99,8 @@ class SGNHT(ThermostatSampler):
             "step_size": h,
             "xi": integrators.as_float32(xi),
         }
-        return new_params, SGNHTState(step=state.step + 1, momentum=momentum, xi=xi), diagnostics
+        new_state = SGNHTState(step=state.step + 1, momentum=momentum, xi=xi, preconditioner=preconditioner)
+        return new_params, new_state, diagnostics
 
     def get_config(self):
         return {**super().get_config(), "integrator": self.integrator}

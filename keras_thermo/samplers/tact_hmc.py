@@ -96,6 +96,7 @@ class TACTHMCState(NamedTuple):
     z_xi: tf.Tensor
     abf_mean_force: tf.Tensor
     abf_visits: tf.Tensor
+    preconditioner: tuple = ()
 
 
 def coupling(xi, *, xi0: float, xi1: float, power: int) -> tuple[tf.Tensor, tf.Tensor]:
@@ -202,6 +203,10 @@ class TACTHMC(Sampler):
         per_variable_thermostat: One `z_theta` per trainable tensor instead of one scalar.
         friction_integrator: `"exact"` (`r <- exp(-lambda^2 z) r`) or `"euler"` (the listing's
             `r - lambda^2 z r`, unstable once `lambda^2 z > 2`; for comparison only).
+        preconditioner: None, `"layerwise"` (exact after its warm-up), `"rmsprop"` (approximate)
+            or a `preconditioning.Preconditioner`: theta's mass becomes `diag(m)`, so its
+            per-step variables carry `eta_v = eta / m_v`: `r += lambda (eta_v F + sqrt(2 c eta_v T)
+            R)`, and the thermostat and kinetic temperature use `m r^2`, whose mean is `eta T`.
 
     Example:
         >>> import keras_thermo.samplers.tact_hmc as tact
@@ -240,8 +245,9 @@ class TACTHMC(Sampler):
         thermostat: bool = True,
         per_variable_thermostat: bool = False,
         friction_integrator: str = "exact",
+        preconditioner=None,
     ):
-        super().__init__(step_size)
+        super().__init__(step_size, preconditioner=preconditioner)
         self.xi_step_size = check_optional_positive("xi_step_size", xi_step_size)
         self.noise = check_non_negative("noise", noise)
         self.xi_noise = check_non_negative("xi_noise", xi_noise)
@@ -311,11 +317,12 @@ class TACTHMC(Sampler):
             z_xi=tf.constant(self.xi_noise, f64),
             abf_mean_force=tf.zeros([self.num_bins], f64),
             abf_visits=tf.zeros([self.num_bins], tf.int64),
+            preconditioner=self.init_preconditioner(params),
         )
 
-    def _theta_thermostat(self, z_theta, momentum, lam_sq, eta, temperature):
+    def _theta_thermostat(self, z_theta, momentum, lam_sq, eta, temperature, mass):
         """Listing line 6: `z += lambda^2 (|r|^2 / dim - eta T) / gamma` (per tensor if asked),
-        the increment formed and added in float64."""
+        the increment formed and added in float64; `|r|^2` is `r.M.r` under a diagonal mass."""
         if not self.thermostat:
             return z_theta
         f64 = integrators.THERMOSTAT_DTYPE
@@ -323,11 +330,18 @@ class TACTHMC(Sampler):
         rate = tf.cast(lam_sq, f64) / self.thermal_inertia
         if self.per_variable_thermostat:
             return [
-                z + rate * (tf.cast(tf.reduce_mean(tf.square(r)), f64) - target)
-                for z, r in zip(z_theta, momentum)
+                z + rate * (tf.cast(self._weighted_square_sum([r], [m]) / float(num_scalars([r])), f64) - target)
+                for z, r, m in zip(z_theta, momentum, integrators.per_tensor(mass, len(momentum)))
             ]
-        mean_square = integrators.twice_kinetic_energy(momentum, 1.0) / float(num_scalars(momentum))
+        mean_square = self._weighted_square_sum(momentum, mass) / float(num_scalars(momentum))
         return z_theta + rate * (tf.cast(mean_square, f64) - target)
+
+    @staticmethod
+    def _weighted_square_sum(momentum, mass) -> tf.Tensor:
+        """`r.M.r` (float32): `|r|^2` for the unit mass, `sum_v m_v |r_v|^2` for a diagonal one."""
+        if not isinstance(mass, (list, tuple)):
+            return integrators.twice_kinetic_energy(momentum, 1.0)
+        return tf.add_n([tf.reduce_sum(m * tf.square(r)) for r, m in zip(momentum, mass)])
 
     def update(self, state: TACTHMCState, params, force, context: StepContext):
         temperature = tf.cast(context.temperature, tf.float32)
@@ -335,18 +349,30 @@ class TACTHMC(Sampler):
         num_params = num_scalars(params)
         lam, dlam = self.coupling(state.xi)
         lam_sq = tf.square(lam)
+        mass, preconditioner, factors = self.precondition(state, force)
+        if factors is not None:
+            # r = h M^-1 p: keeping p^2 / m means r scales by sqrt(m_old / m_new).
+            state = state._replace(momentum=[r / c for r, c in zip(state.momentum, factors)])
 
         # Thermostats first, from the previous step's momenta (listing lines 5-6).
-        z_theta = self._theta_thermostat(state.z_theta, state.momentum, lam_sq, eta, temperature)
+        z_theta = self._theta_thermostat(state.z_theta, state.momentum, lam_sq, eta, temperature, mass)
         z_per_variable = z_theta if self.per_variable_thermostat else [z_theta] * len(params)
 
         # theta: friction, then the tempered force and injected noise (line 12).
         noise = context.normal(state.step, params, kt_random.STREAM_MOMENTUM)
-        noise_std = tf.sqrt(2.0 * self.noise * eta * temperature)
-        momentum = [
-            self._friction(r, lam_sq * integrators.as_float32(z)) + lam * (eta * tf.cast(f, r.dtype) + noise_std * n)
-            for r, z, f, n in zip(state.momentum, z_per_variable, force, noise)
-        ]
+        if self.preconditioner is None:
+            noise_std = tf.sqrt(2.0 * self.noise * eta * temperature)
+            momentum = [
+                self._friction(r, lam_sq * integrators.as_float32(z)) + lam * (eta * tf.cast(f, r.dtype) + noise_std * n)
+                for r, z, f, n in zip(state.momentum, z_per_variable, force, noise)
+            ]
+        else:
+            etas = [eta / m for m in mass]  # eta_v = h^2 / (M m_v)
+            momentum = [
+                self._friction(r, lam_sq * integrators.as_float32(z))
+                + lam * (eta_v * tf.cast(f, r.dtype) + tf.sqrt(2.0 * self.noise * eta_v * temperature) * n)
+                for r, z, f, n, eta_v in zip(state.momentum, z_per_variable, force, noise, etas)
+            ]
         new_params = [theta + r for theta, r in zip(params, momentum)]
 
         xi, xi_momentum, z_xi = state.xi, state.xi_momentum, state.z_xi
@@ -378,10 +404,11 @@ class TACTHMC(Sampler):
             z_xi=z_xi,
             abf_mean_force=abf_mean_force,
             abf_visits=abf_visits,
+            preconditioner=preconditioner,
         )
         new_lam, _ = self.coupling(xi)
         diagnostics = {
-            "kinetic_temperature": integrators.twice_kinetic_energy(momentum, 1.0) / (num_params * eta),
+            "kinetic_temperature": self._weighted_square_sum(momentum, mass) / (num_params * eta),
             "step_size": eta,
             "xi": xi,
             "effective_temperature": temperature / new_lam,
@@ -397,16 +424,22 @@ class TACTHMC(Sampler):
         """`|r_v|^2 / (eta n_v)` per variable (r carries `eta T` per scalar at equilibrium)."""
         del params, new_params
         eta = self.step_size_at(new_state.step - 1)
-        return [integrators.twice_kinetic_energy([r], 1.0) / (float(num_scalars([r])) * eta) for r in new_state.momentum]
+        masses = integrators.per_tensor(self.masses(new_state.preconditioner), len(new_state.momentum))
+        return [
+            self._weighted_square_sum([r], m if isinstance(m, float) else [m]) / (float(num_scalars([r])) * eta)
+            for r, m in zip(new_state.momentum, masses)
+        ]
 
     def at_target_temperature(self, state: TACTHMCState) -> tf.Tensor:
         """On the plateau `|xi| <= xi0`, where `lambda(xi) = 1` and theta sees T itself."""
         return tf.abs(state.xi) <= self.xi0
 
     def is_sample(self, state: TACTHMCState) -> tf.Tensor:
-        """True when `step mod K == 0` and xi is on the plateau (`lambda(xi) = 1`)."""
+        """True when `step mod K == 0` and xi is on the plateau (`lambda(xi) = 1`), and the
+        step-size schedule (if cyclical) is in a sampling phase."""
         due = tf.equal(tf.math.floormod(state.step, self.sample_every), 0)
-        return tf.logical_and(due, tf.abs(state.xi) <= self.xi0)
+        on_plateau = tf.logical_and(due, tf.abs(state.xi) <= self.xi0)
+        return tf.logical_and(on_plateau, self.in_sampling_phase(state))
 
     def get_config(self) -> dict[str, Any]:
         return {

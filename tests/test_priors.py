@@ -1,0 +1,161 @@
+"""HierarchicalGaussian: the Gibbs draw of the precisions, the joint potential, state in a model."""
+
+import math
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from scipy import stats
+
+import keras_thermo as kt
+
+NUM_DRAWS = 5_000
+# Bonferroni over the 2 moments x 2 variables of a check, familywise 1e-3.
+Z_THRESHOLD = float(stats.norm.ppf(1 - 1e-3 / (2 * 4)))
+
+
+def _weights():
+    # Sizes 6 and 1 (a bias of one unit): alpha + n/2 >= 1 holds for alpha = 1.
+    return [tf.constant(np.linspace(-1.0, 1.5, 6).reshape(2, 3), tf.float32), tf.constant([0.7], tf.float32)]
+
+
+def _draws(prior, weights, temperature, num_draws=NUM_DRAWS):
+    """`[num_draws, V]` Gibbs draws at steps 1..num_draws (independent keys)."""
+
+    @tf.function
+    def run():
+        return tf.map_fn(
+            lambda step: tf.stack(prior.draw(weights, step=step, seed=11, temperature=temperature)),
+            tf.range(1, num_draws + 1, dtype=tf.int64), fn_output_signature=tf.float32,
+        )
+
+    return run().numpy().astype(np.float64)
+
+
+def _moment_z_scores(draws, shape, rate):
+    """z of the sample mean and variance of Gamma(shape, rate) draws, per column.
+
+    Standard errors: mean sqrt(var / S); variance var * sqrt(2 / (S - 1) + kurtosis / S), with
+    the Gamma's excess kurtosis 6 / shape."""
+    shape, rate = np.asarray(shape), np.asarray(rate)
+    count = draws.shape[0]
+    mean, var = shape / rate, shape / rate**2
+    z_mean = (draws.mean(axis=0) - mean) / np.sqrt(var / count)
+    z_var = (draws.var(axis=0, ddof=1) - var) / (var * np.sqrt(2 / (count - 1) + 6 / shape / count))
+    return np.concatenate([z_mean, z_var])
+
+
+def _exact_conditional(weights, alpha, beta, temperature):
+    sizes = np.array([w.numpy().size for w in weights], np.float64)
+    squares = np.array([np.sum(w.numpy().astype(np.float64) ** 2) for w in weights])
+    return (alpha + sizes / 2 - 1) / temperature + 1, (beta + squares / 2) / temperature
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_gibbs_draws_have_the_conjugate_gamma_moments(temperature):
+    alpha, beta = 1.5, 0.5
+    prior = kt.priors.HierarchicalGaussian(alpha=alpha, beta=beta)
+    weights = _weights()
+    draws = _draws(prior, weights, temperature)
+    shape, rate = _exact_conditional(weights, alpha, beta, temperature)
+    if temperature == 1.0:  # the textbook form
+        np.testing.assert_allclose(shape, [alpha + 3, alpha + 0.5])
+        np.testing.assert_allclose(rate, beta + 0.5 * np.array([np.sum(w.numpy().astype(np.float64) ** 2) for w in weights]))
+    z = _moment_z_scores(draws, shape, rate)
+    assert np.all(np.abs(z) < Z_THRESHOLD), z
+    # The same check rejects the conditional of another temperature (T = 1 vs 0.5 and back):
+    # the test can fail.
+    other_shape, other_rate = _exact_conditional(weights, alpha, beta, 1.5 - temperature)
+    assert np.any(np.abs(_moment_z_scores(draws, other_shape, other_rate)) > 3 * Z_THRESHOLD)
+
+
+def test_update_state_draws_only_after_every_kth_step():
+    prior = kt.priors.HierarchicalGaussian(resample_every=5, initial_std=0.5)
+    weights = _weights()
+    state = prior.initial_state(weights)
+    assert [float(p) for p in state] == [4.0, 4.0]
+    for step in range(1, 11):
+        new = prior.update_state(state, weights, step=tf.constant(step, tf.int64), seed=0, temperature=1.0)
+        drawn = prior.draw(weights, step=tf.constant(step, tf.int64), seed=0, temperature=1.0)
+        expected = drawn if step % 5 == 0 else state
+        assert [float(v) for v in new] == [float(v) for v in expected], step
+
+
+def test_potential_is_the_joint_negative_log_density():
+    prior = kt.priors.HierarchicalGaussian(alpha=2.0, beta=3.0)
+    weights = [keras.Variable(w) for w in _weights()]
+    precisions = [keras.Variable(np.float32(p)) for p in (0.5, 4.0)]
+    prior.bind_state(precisions)
+    want = 0.0
+    for w, lam in zip(weights, (0.5, 4.0)):
+        values = w.numpy().astype(np.float64).ravel()
+        want -= np.sum(stats.norm.logpdf(values, scale=1 / math.sqrt(lam)))
+        want -= stats.gamma.logpdf(lam, a=2.0, scale=1 / 3.0)
+    assert float(prior(weights)) == pytest.approx(want, rel=1e-6)
+
+
+def _model(prior, seed=3):
+    keras.utils.set_random_seed(1)
+    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="tanh"), keras.layers.Dense(1)])
+    # A layerwise mass frozen after 5 steps: this test also covers its resume (one set of fits
+    # for both states, for the default suite's time).
+    sampler = kt.samplers.SGHMC(1e-2, friction=2.0, preconditioner=kt.samplers.Preconditioner("layerwise", warmup_steps=5))
+    model = kt.BayesianModel(net, sampler, num_examples=64, prior=prior, seed=seed)
+    model.compile(loss="mse")
+    return model
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 3)).astype("float32")
+    y = (x @ rng.normal(size=(3, 1))).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8)
+
+
+def _precisions(model):
+    return [float(v.numpy()) for v in model._prior_state_variables]
+
+
+def test_precisions_and_layerwise_masses_live_in_variables_and_resume_bit_for_bit(tmp_path):
+    prior = kt.priors.HierarchicalGaussian(alpha=1.0, beta=1.0, resample_every=4, initial_std=2.0)
+    straight = _model(prior)
+    straight.fit(_data(), steps_per_epoch=16, epochs=1, verbose=0)
+    # After step 16 (a multiple of K) the precisions are the draw from the weights of step 16.
+    final_draw = prior.draw(straight.trainable_variables, step=tf.constant(16, tf.int64), seed=3, temperature=1.0)
+    assert _precisions(straight) == [float(v) for v in final_draw]
+    assert straight.prior is prior and prior.is_bound
+
+    first = _model(prior)  # the same instance again: this model binds its own copy
+    first.fit(_data(), steps_per_epoch=3, epochs=1, verbose=0)
+    assert first.prior is not prior and first.prior.get_config() == prior.get_config()
+    assert _precisions(first) == [0.25] * 4  # no draw before step 4
+    first.fit(_data().skip(3), steps_per_epoch=3, epochs=1, verbose=0)
+    drawn_at_4 = _precisions(first)
+    assert all(p != 0.25 for p in drawn_at_4)
+    masses_at_6 = [float(m) for m in first.sampler_state().preconditioner.mass]
+    assert len(set(masses_at_6)) == 4  # estimated at step 5, one per variable
+    path = os.path.join(tmp_path, "hierarchical.keras")
+    first.save(path)
+    restored = keras.saving.load_model(path)
+    assert isinstance(restored.prior, kt.priors.HierarchicalGaussian)
+    assert _precisions(restored) == drawn_at_4
+    restored.fit(_data().skip(6), steps_per_epoch=10, epochs=1, verbose=0)
+    assert [float(m) for m in restored.sampler_state().preconditioner.mass] == masses_at_6  # frozen
+    for u, v in zip(straight.trainable_variables + straight.non_trainable_variables,
+                    restored.trainable_variables + restored.non_trainable_variables):
+        np.testing.assert_array_equal(u.numpy(), v.numpy())
+
+
+def test_config_round_trip():
+    prior = kt.priors.HierarchicalGaussian(alpha=2.0, beta=0.1, resample_every=50, initial_std=0.3)
+    restored = kt.priors.get(keras.saving.serialize_keras_object(prior))
+    assert isinstance(restored, kt.priors.HierarchicalGaussian)
+    assert restored.get_config() == prior.get_config()
+
+
+def test_alpha_too_small_for_a_scalar_variable_is_refused():
+    prior = kt.priors.HierarchicalGaussian(alpha=0.25)
+    with pytest.raises(ValueError, match=r"`alpha` 0.25 .* 1 scalar\(s\).*alpha >= 0.5"):
+        prior.initial_state(_weights())
