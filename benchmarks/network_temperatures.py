@@ -13,7 +13,9 @@ the post-burn-in means with batch-means errors and the MSER burn-in it found. Th
 sizes are the ones listed in `SAMPLERS`; their epochs in `EPOCHS`.
 
     python -m benchmarks.network_temperatures --out benchmarks/results/network_temperatures.json \
-        [--nets mlp conv lstm] [--samplers sgnht ...] [--temperatures 1 0.3] [--epoch-scale 1]
+        [--nets mlp conv lstm] [--samplers sgnht ...] [--temperatures 1 0.3] [--epoch-scale 1] \
+        [--step-size H] [--warm-up-epochs E]
+    python -m benchmarks.network_temperatures --summarize benchmarks/results/network_temperatures_*.json
 
 The JSON is rewritten after every run, so a long sweep can be read while it goes on.
 """
@@ -116,7 +118,7 @@ def warm_up(net: str, temperature: float, epochs: int, seed: int = 0) -> list:
 
 def run(net: str, sampler: str, temperature: float, *, epochs: int | None = None, seed: int = 0,
         check_temperature: float | None = None, step_size: float | None = None,
-        warm_up_epochs: int = 0) -> dict:
+        warm_up_epochs: int = 0, min_variable_size: int = 100) -> dict:
     """One run from the warm-up state (`warm_up`); returns the check's report with the settings
     and the wall time. `step_size` overrides the sampler's."""
     weights = warm_up(net, temperature, warm_up_epochs, seed)
@@ -131,7 +133,8 @@ def run(net: str, sampler: str, temperature: float, *, epochs: int | None = None
     )
     model.compile(loss=_loss(), steps_per_execution=29)
     check = kt.callbacks.EquilibrationCheck(
-        block_steps=BLOCK_STEPS, min_blocks=10, rtol=0.0, warn=False, temperature=check_temperature
+        block_steps=BLOCK_STEPS, min_blocks=10, rtol=0.0, warn=False, temperature=check_temperature,
+        min_variable_size=min_variable_size,
     )
     epochs = epochs or EPOCHS[sampler]
     start = time.perf_counter()
@@ -161,6 +164,33 @@ def summary_line(report: dict) -> str:
     )
 
 
+def markdown(paths: list[str]) -> str:
+    """A table of the runs recorded in the given JSON files: whole-net temperatures and the
+    variable (>= 100 scalars) whose configurational mean is furthest from T."""
+    lines = [
+        "| net | sampler | T | h | warm-up | steps | kinetic (net) | configurational (net) | furthest variable: kinetic, configurational | equilibrated | burn-in (MSER) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|",
+    ]
+    for path in paths:
+        with open(path) as handle:
+            runs = json.load(handle)["runs"]
+        for r in runs:
+            t = r["temperature"]
+            big = [v for v in r["variables"] if v["size"] >= 100]
+            worst = max(big, key=lambda v: abs(v["configurational"]["mean"] - t))
+            o = r["overall"]
+            h = r["sampler_config"]["step_size"]
+            lines.append(
+                f"| {r['net']} | {r['sampler']} | {t:.3g} | {h:.3g} | {r.get('warm_up_epochs', 0)} | {r['steps']} | "
+                f"{o['kinetic']['mean']:.3f} +- {o['kinetic']['standard_error']:.3f} | "
+                f"{o['configurational']['mean']:.3f} +- {o['configurational']['standard_error']:.3f} | "
+                f"{worst['name'].split('/', 1)[-1]}: {worst['kinetic']['mean']:.3f}, "
+                f"{worst['configurational']['mean']:.3f} +- {worst['configurational']['standard_error']:.3f} | "
+                f"{r['equilibrated']} | {r['equilibration_step']} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/network_temperatures.json")
@@ -171,7 +201,11 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--step-size", type=float, default=None, help="overrides the samplers' step size")
     parser.add_argument("--warm-up-epochs", type=int, default=0,
                         help="epochs of SGNHT (h 2e-3, A 1) every run starts from")
+    parser.add_argument("--summarize", nargs="+", metavar="JSON", help="print a table of recorded runs and exit")
     args = parser.parse_args(argv)
+    if args.summarize:
+        print(markdown(args.summarize))
+        return []
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     reports = []
     for temperature in args.temperatures:
