@@ -33,7 +33,7 @@ def _describe(report: dict) -> str:
 
 @pytest.mark.parametrize("net", ["mlp", "conv", "lstm"])
 def test_a_chain_at_twice_the_temperature_is_flagged(net):
-    report = nt.run(net, "sgnht", 2.0, epochs=60, check_temperature=1.0, warm_up_epochs=0)
+    report = nt.run(net, "sgnht", 2.0, epochs=100, check_temperature=1.0, warm_up_epochs=0)
     assert report["equilibrated"] is False, _describe(report)
     assert report["overall"]["configurational"]["in_band"] is False, _describe(report)
 
