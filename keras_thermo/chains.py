@@ -47,6 +47,9 @@ from keras_thermo import random as kt_random
 #: How the C forward/backward passes are computed (`BayesianModel(chain_method=...)`).
 CHAIN_METHODS = ("auto", "vectorized", "loop")
 
+#: Whether the chains share each minibatch or split it (`BayesianModel(chain_minibatches=...)`).
+CHAIN_MINIBATCHES = ("split", "shared")
+
 #: Largest C for which each chain's temperatures and xi are logged under their own names.
 MAX_LOGGED_CHAINS = 8
 
@@ -169,6 +172,7 @@ def with_chain_progbar(callbacks):
 
 __all__ = [
     "CHAIN_METHODS",
+    "CHAIN_MINIBATCHES",
     "MAX_LOGGED_CHAINS",
     "PER_CHAIN_LOGS",
     "ProgbarWithoutChainLogs",

@@ -243,8 +243,8 @@ class BayesianModel(keras.Model):
         num_chains: C >= 1 independent chains of the net, updated together at every step of
             one `fit` (default 1). Chain k has its own noise (keyed by
             `keras_thermo.random.chain_seed(seed, k)`) and its own start (the net's
-            initializers redrawn; chain 0 keeps the net's weights); all chains share each
-            minibatch. `predict`, `evaluate` and the net's weights are chain 0's (the active
+            initializers redrawn; chain 0 keeps the net's weights) and, by default, its own
+            minibatches (`chain_minibatches`). `predict`, `evaluate` and the net's weights are chain 0's (the active
             chain); `chain_weights(k)` and `set_chain_weights(k, ...)` read and set the others;
             the recording callbacks keep every chain (`SampleCollector.samples` is
             `[C, S, Nd]`). Logged scalars are chain means, with per-chain temperatures and xi
@@ -252,6 +252,12 @@ class BayesianModel(keras.Model):
         chain_method: How the C forward/backward passes run when C > 1: `"vectorized"` (one
             `tf.vectorized_map` over the chain axis), `"loop"` (C passes in the compiled step)
             or `"auto"` (default; see `chain_path`).
+        chain_minibatches: `"split"` (default): each chain gets its own examples at every step;
+            `fit` on arrays draws `num_chains * batch_size` examples per step, `batch_size` per
+            chain, and a pipeline's batch is cut into C equal parts (its batch size must be a
+            multiple of C). `"shared"`: every chain sees the whole batch. Shared batches
+            correlate the chains' gradient noise, which pulls them together and biases R-hat
+            towards 1 (measured in `benchmarks/chains.py`); see `keras_thermo.chains`.
 
     Example:
         >>> import keras, numpy as np, keras_thermo as kt
@@ -277,6 +283,7 @@ class BayesianModel(keras.Model):
         loss_elements_per_example: float = 1.0,
         num_chains: int = 1,
         chain_method: str = "auto",
+        chain_minibatches: str = "split",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -294,6 +301,7 @@ class BayesianModel(keras.Model):
         self.per_example_method = check_choice("per_example_method", per_example_method, PER_EXAMPLE_METHODS)
         self.num_chains = check_int("num_chains", num_chains, low=1)
         self.chain_method = check_choice("chain_method", chain_method, kt_chains.CHAIN_METHODS)
+        self.chain_minibatches = check_choice("chain_minibatches", chain_minibatches, kt_chains.CHAIN_MINIBATCHES)
         #: The seed of each chain's noise and start (chain 0: `seed`).
         self.chain_seeds = [kt_random.chain_seed(self.seed, k) for k in range(self.num_chains)]
         # Collective keys of this strategy's own, so an earlier strategy's cannot clash with them.
@@ -396,6 +404,7 @@ class BayesianModel(keras.Model):
             "loss_elements_per_example": self.loss_elements_per_example,
             "num_chains": self.num_chains,
             "chain_method": self.chain_method,
+            "chain_minibatches": self.chain_minibatches,
         }
 
     @classmethod
@@ -587,7 +596,9 @@ class BayesianModel(keras.Model):
         """How the C forward/backward passes run: `"vectorized"` or `"loop"` (resolves "auto")."""
         if self.chain_method != "auto":
             return self.chain_method
-        return "loop" if self.sampler.needs_per_example_gradients else "vectorized"
+        # Measured by benchmarks/chains.py on CPU: the loop was the faster for every network and
+        # sampler there (one vectorized map of small layers costs more than C plain passes).
+        return "loop"
 
     # --- the training step --------------------------------------------------------------------
 
@@ -657,14 +668,43 @@ class BayesianModel(keras.Model):
         logs.update(diagnostics)
         return cross.per_worker_logs(logs)  # Keras' multi-worker reduction needs vectors
 
-    def _chain_forward_backward(self, x, y, sample_weight, stacked_params):
-        """Every chain's `(U, L, y_pred, F, updated non-trainable values)`, stacked on a leading
-        chain axis: the net runs under a `keras.StatelessScope` mapping its trainable variables to
-        the chain's values, vectorized over chains or in a loop (`chain_path`)."""
+    def _chain_batches(self, data):
+        """`(x, y, sample_weight)` of each chain: the whole batch for every chain (`"shared"`), or
+        C equal parts of it, one per chain (`"split"`), refused at run time when C does not divide
+        the batch."""
+        if self.chain_minibatches == "shared":
+            return [data] * self.num_chains
+        chains = self.num_chains
+        size = tf.shape(tf.nest.flatten(data[0])[0])[0]
+        check = tf.debugging.Assert(
+            tf.equal(size % chains, 0),
+            [
+                "BayesianModel(chain_minibatches='split'): a batch of", size,
+                f"examples does not split into {chains} equal parts, one per chain; fit on arrays "
+                f"(each chain then draws batch_size examples of its own) or give a pipeline whose "
+                f"batches (per replica) are multiples of num_chains = {chains}.",
+            ],
+        )
+        with tf.control_dependencies([check]):
+            part = size // chains
+
+        def piece(k):
+            return tuple(
+                None if item is None else tf.nest.map_structure(lambda t: t[k * part:(k + 1) * part], item)
+                for item in data
+            )
+
+        return [piece(k) for k in range(chains)]
+
+    def _chain_forward_backward(self, batches, stacked_params):
+        """Every chain's `(U, L, y_pred, F, updated non-trainable values)` on its batch, stacked
+        on a leading chain axis: the net runs under a `keras.StatelessScope` mapping its trainable
+        variables to the chain's values, vectorized over chains or in a loop (`chain_path`)."""
         variables = self.trainable_variables
         non_trainable = self.net.non_trainable_variables
 
-        def one_chain(params):
+        def one_chain(params, batch):
+            x, y, sample_weight = batch
             params = list(params)
             with tf.GradientTape() as tape:
                 tape.watch(params)
@@ -683,22 +723,36 @@ class BayesianModel(keras.Model):
             return tf.cast(potential, tf.float32), loss, y_pred, force, updated
 
         if self.chain_path == "vectorized":
-            return tf.vectorized_map(one_chain, stacked_params)
-        per_chain = [one_chain([p[k] for p in stacked_params]) for k in range(self.num_chains)]
+            if self.chain_minibatches == "shared":
+                return tf.vectorized_map(lambda params: one_chain(params, batches[0]), stacked_params)
+            present = [i for i, item in enumerate(batches[0]) if item is not None]  # y, weights may be None
+            stacked_batches = [
+                tf.nest.map_structure(lambda *parts: tf.stack(parts), *[batch[i] for batch in batches]) for i in present
+            ]
+
+            def chain_with_batch(args):
+                params, items = args
+                batch = [None] * len(batches[0])
+                for i, item in zip(present, items):
+                    batch[i] = item
+                return one_chain(params, tuple(batch))
+
+            return tf.vectorized_map(chain_with_batch, (stacked_params, stacked_batches))
+        per_chain = [one_chain([p[k] for p in stacked_params], batches[k]) for k in range(self.num_chains)]
         return tf.nest.map_structure(lambda *chains: tf.stack(chains), *per_chain)
 
     def _train_step_chains(self, data):
         """`train_step` for C > 1 chains (`keras_thermo.chains`): every chain's force, then
         every chain's sampler update, assigned together (or not at all, see `_assign_if_finite`)."""
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
+        batches = self._chain_batches(data_adapter_utils.unpack_x_y_sample_weight(data))
         variables = self.trainable_variables
         chains = range(self.num_chains)
         cross = CrossReplica()
         stacked = self._stacked_params()
-        potential, loss, y_pred, force, updated = self._chain_forward_backward(x, y, sample_weight, stacked)
+        potential, loss, y_pred, force, updated = self._chain_forward_backward(batches, stacked)
         for variable, values in zip(self.net.non_trainable_variables, updated):
             variable.assign(values[0])
-        local_batch_size = tf.shape(tf.nest.flatten(x)[0])[0]
+        local_batch_size = tf.shape(tf.nest.flatten(batches[0][0])[0])[0]  # one chain's
         self._loss_tracker.update_state(tf.reduce_mean(loss) * cross.num_replicas, sample_weight=local_batch_size)
         force, potential, batch_size = cross.sum((force, potential, tf.cast(local_batch_size, tf.float32)))
         force, potential, batch_size = cross.check_even_split(batch_size, (force, potential, batch_size))
@@ -707,6 +761,7 @@ class BayesianModel(keras.Model):
         temperature = tf.convert_to_tensor(self._temperature_variable)
         results = []
         for k in chains:
+            x, y, sample_weight = batches[k]
             params = [p[k] for p in stacked]
             chain_force = [f[k] for f in force]
             # Per-example statistics read the net's weights: map them to this chain's.
@@ -752,6 +807,7 @@ class BayesianModel(keras.Model):
                 recorder.record(weight, tf.unstack(kinetic, axis=1), tf.unstack(configurational, axis=1))
 
         for k in chains:
+            x, y, sample_weight = batches[k]
             logs = self.compute_metrics(x, y, y_pred[k], sample_weight=sample_weight)  # chain means
         logs = dict(logs)
         logs["potential"] = tf.reduce_mean(potential)
@@ -982,6 +1038,8 @@ class BayesianModel(keras.Model):
         arguments["shuffle"] = False  # the draws are already random (Keras warns otherwise)
         num_examples = int(tf.nest.flatten(arrays)[0].shape[0])
         steps_per_epoch = arguments.get("steps_per_epoch") or math.ceil(num_examples / batch_size)
+        if self.num_chains > 1 and self.chain_minibatches == "split":
+            batch_size *= self.num_chains  # batch_size examples of its own for every chain
         step = self._state_variables[0]  # the sampler's step counter
         if self.distribute_strategy.num_replicas_in_sync == 1:
             # One epoch's batches, from the step counter read when Keras starts the epoch's
