@@ -5,7 +5,9 @@ Cost. For the digits MLP (64-50-10) and the EMNIST MLP (`keras_thermo.models.emn
 SGNHT and mCCAdL (the hyperparameters of `benchmarks.step_cost`), one model with one chain and one
 with four chains for each `chain_method` ("vectorized": one `tf.vectorized_map` over the chain
 axis for the forward/backward passes; "loop": C passes in the compiled step), all from the same
-initial weights and on the same random data. After two warm-up fits, `--repeats` repetitions time
+initial weights and on the same random data. The four-chain models share each batch, so every
+chain processes a whole batch, the work of a one-chain run (as with the default split batches on
+arrays, where each chain draws `batch_size` examples of its own). After two warm-up fits, `--repeats` repetitions time
 one `fit` of each in a rotated order; the ratio four chains / one chain is taken within each
 repetition and its median reported (the issue's CPU target: <= 4.4).
 
@@ -50,7 +52,7 @@ def make_model(network: step_cost.Network, sampler: str, num_chains: int, chain_
     net.set_weights(weights)
     model = kt.BayesianModel(
         net, network.make_sampler(sampler), num_examples=network.num_examples, prior=kt.priors.Gaussian(1.0),
-        seed=0, num_chains=num_chains, chain_method=chain_method,
+        seed=0, num_chains=num_chains, chain_method=chain_method, chain_minibatches="shared",
     )
     model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps_per_execution=steps_per_execution)
     return model
