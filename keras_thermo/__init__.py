@@ -16,7 +16,7 @@ if _backend != "tensorflow":
         "set KERAS_BACKEND=tensorflow."
     )
 
-from keras_thermo import callbacks, data, diagnostics, metrics, models, priors, samplers, schedules  # noqa: E402
+from keras_thermo import callbacks, chains, data, diagnostics, metrics, models, priors, random, samplers, schedules  # noqa: E402
 from keras_thermo.model import BayesianModel, SamplerDivergedError  # noqa: E402
 from keras_thermo.posterior import evaluate_posterior, predict_posterior  # noqa: E402
 
@@ -26,6 +26,7 @@ __all__ = [
     "BayesianModel",
     "SamplerDivergedError",
     "callbacks",
+    "chains",
     "data",
     "diagnostics",
     "evaluate_posterior",
@@ -33,6 +34,7 @@ __all__ = [
     "models",
     "predict_posterior",
     "priors",
+    "random",
     "samplers",
     "schedules",
 ]
