@@ -26,6 +26,13 @@ as a loop of C passes in the compiled step; the sampler updates (cheap elementwi
 per-example statistics of CCAdL/mCCAdL run as a loop over chains. `benchmarks/chains.py` measures
 both.
 
+Recording. `SampleCollector` and `PosteriorAverage` get one `[C, Nd]` row per due step (all
+chains at the same steps, `SampleCollector.samples` `[C, S, Nd]`). For a sampler that yields
+samples only on some steps of a chain (TACT-HMC: on the plateau of its tempering variable) a row
+is recorded when every chain yields one; the chains being independent, that condition does not
+bias any chain's samples, but it keeps fewer of them (about `0.2^C` of the due steps at
+TACT-HMC's default plateau fraction).
+
 Logs. The usual names (`kinetic_temperature`, `configurational_temperature`, `xi`, `potential`,
 `loss`, compiled metrics...) hold chain means; for C <= `MAX_LOGGED_CHAINS` the per-chain
 `kinetic_temperature_chain_k`, `configurational_temperature_chain_k` and `xi_chain_k` go to the

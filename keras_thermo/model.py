@@ -526,7 +526,8 @@ class BayesianModel(keras.Model):
         self._runtime.state_structure = initial
 
     def sampler_state(self):
-        """The sampler state as the sampler's typed container of tensors (read-only view)."""
+        """The sampler state as the sampler's typed container of tensors (read-only view); with
+        several chains every field but `step` has a leading chain axis `[C, ...]`."""
         if not self._state_variables:
             raise ValueError("The sampler state does not exist yet: build or fit the model first.")
         values = [tf.convert_to_tensor(v) for v in self._state_variables]
