@@ -242,16 +242,17 @@ class BayesianModel(keras.Model):
             uses `"dense_layers"` where it applies and `"vectorized"` otherwise.
         num_chains: C >= 1 independent chains of the net, updated together at every step of
             one `fit` (default 1). Chain k has its own noise (keyed by
-            `keras_thermo.random.chain_seed(seed, k)`) and its own start (the net's
-            initializers redrawn; chain 0 keeps the net's weights) and, by default, its own
-            minibatches (`chain_minibatches`). `predict`, `evaluate` and the net's weights are chain 0's (the active
-            chain); `chain_weights(k)` and `set_chain_weights(k, ...)` read and set the others;
-            the recording callbacks keep every chain (`SampleCollector.samples` is
-            `[C, S, Nd]`). Logged scalars are chain means, with per-chain temperatures and xi
-            as `<name>_chain_<k>` for C <= 8. See `keras_thermo.chains`.
+            `keras_thermo.random.chain_seed(seed, k)`), its own start (the net's initializers
+            redrawn; chain 0 keeps the net's weights) and, by default, its own minibatches
+            (`chain_minibatches`). `predict`, `evaluate` and the net's weights are chain 0's
+            (the active chain); `chain_weights(k)` and `set_chain_weights(k, ...)` read and
+            set every chain; the recording callbacks keep every chain
+            (`SampleCollector.samples` is `[C, S, Nd]`). Logged scalars are chain means, with
+            per-chain temperatures and xi as `<name>_chain_<k>` for C <= 8. See
+            `keras_thermo.chains`.
         chain_method: How the C forward/backward passes run when C > 1: `"vectorized"` (one
             `tf.vectorized_map` over the chain axis), `"loop"` (C passes in the compiled step)
-            or `"auto"` (default; see `chain_path`).
+            or `"auto"` (default: the loop, the faster on CPU in `benchmarks/chains.py`).
         chain_minibatches: `"split"` (default): each chain gets its own examples at every step;
             `fit` on arrays draws `num_chains * batch_size` examples per step, `batch_size` per
             chain, and a pipeline's batch is cut into C equal parts (its batch size must be a

@@ -5,10 +5,10 @@ import doctest
 
 import pytest
 
-from keras_thermo import callbacks, diagnostics, metrics, posterior
+from keras_thermo import callbacks, chains, diagnostics, metrics, posterior, random
 
 
-@pytest.mark.parametrize("module", [metrics, diagnostics, posterior, callbacks], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [metrics, diagnostics, posterior, callbacks, chains, random], ids=lambda m: m.__name__)
 def test_docstring_examples_run(module):
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0
