@@ -54,11 +54,13 @@ def make_model(network: step_cost.Network, sampler: str, num_chains: int, chain_
         net, network.make_sampler(sampler), num_examples=network.num_examples, prior=kt.priors.Gaussian(1.0),
         seed=0, num_chains=num_chains, chain_method=chain_method, chain_minibatches="shared",
     )
-    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps_per_execution=steps_per_execution)
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  steps_per_execution=steps_per_execution)
     return model
 
 
-def time_chains(network: step_cost.Network, sampler: str, *, steps: int, repeats: int, steps_per_execution: int) -> dict:
+def time_chains(network: step_cost.Network, sampler: str, *, steps: int, repeats: int,
+                steps_per_execution: int) -> dict:
     """Seconds per step of each configuration and the within-repetition ratios to one chain."""
     dataset = step_cost.make_dataset(network)
     weights = step_cost.initial_weights(network)
@@ -76,7 +78,8 @@ def time_chains(network: step_cost.Network, sampler: str, *, steps: int, repeats
         for name in order:
             run = step_cost.timed_fit(models[name], dataset, steps)
             if run["steps_completed"] != steps:
-                raise RuntimeError(f"{network.name}/{sampler}/{name}: {run['steps_completed']} of {steps} steps ({run['diverged']}).")
+                raise RuntimeError(f"{network.name}/{sampler}/{name}: {run['steps_completed']} of {steps} "
+                                   f"steps ({run['diverged']}).")
             seconds[name].append(run["loop_seconds"] or run["seconds"])
     result = {"steps": steps, "ms_per_step": {n: 1e3 * float(np.median(s)) / steps for n, s in seconds.items()}}
     for name in names[1:]:
@@ -160,7 +163,8 @@ def markdown(results: dict) -> str:
     lines = [
         f"Device: {results['machine']['device']}; {results['machine']['usable_cpus']} usable CPUs.",
         "",
-        "| network | sampler | 1 chain ms/step | 4 vectorized ms/step | 4 loop ms/step | ratio vectorized | ratio loop | auto | target <= 4.4 |",
+        "| network | sampler | 1 chain ms/step | 4 vectorized ms/step | 4 loop ms/step | ratio vectorized "
+        "| ratio loop | auto | target <= 4.4 |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for key, row in results["cost"].items():
@@ -204,7 +208,8 @@ def main(argv=None) -> dict:
         for sampler in args.samplers:
             results["cost"][f"{name}/{sampler}"] = time_chains(
                 network, sampler, steps=steps, repeats=args.repeats, steps_per_execution=args.steps_per_execution)
-            print(name, sampler, {k: v for k, v in results["cost"][f"{name}/{sampler}"].items() if not k.startswith("ratios")}, flush=True)
+            row = results["cost"][f"{name}/{sampler}"]
+            print(name, sampler, {k: v for k, v in row.items() if not k.startswith("ratios")}, flush=True)
     steps, burn_in = (600, 200) if args.quick else (3000, 1000)
     results["minibatches"] = shared_against_split(args.replicates, steps, burn_in, batch_size=10)
     table = markdown(results)

@@ -35,7 +35,9 @@ class ParameterRecorder:
             step together (`BayesianModel(num_chains=C)`).
     """
 
-    def __init__(self, num_params: int, capacity: int, burn_in_steps: int, every_n_steps: int, num_chains: int | None = None):
+    def __init__(
+        self, num_params: int, capacity: int, burn_in_steps: int, every_n_steps: int, num_chains: int | None = None
+    ):
         self.every_n_steps = every_n_steps
         self.capacity = capacity
         self.num_chains = num_chains

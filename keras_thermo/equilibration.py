@@ -134,7 +134,10 @@ class TemperatureRecorder:
         stepping together, `weight [C]` and one `[C]` tensor per variable (the chains are
         pooled: their weighted values add up into the same sums)."""
         w = tf.cast(weight, tf.float64)
-        values = tf.stack([tf.cast(tf.stack(list(kinetic), axis=-1), tf.float64), tf.cast(tf.stack(list(configurational), axis=-1), tf.float64)])
+        values = tf.stack([
+            tf.cast(tf.stack(list(kinetic), axis=-1), tf.float64),
+            tf.cast(tf.stack(list(configurational), axis=-1), tf.float64),
+        ])
         if w.shape.rank == 1:  # [C] chains: values [2, C, V]
             self.sums.assign_add(tf.einsum("c,kcv->kv", w, values))
             self.weight.assign_add(tf.reduce_sum(w))
