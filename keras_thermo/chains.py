@@ -20,6 +20,10 @@ the chains' gradient noise, which could make chains look more alike than indepen
 bias R-hat towards 1; `benchmarks/chains.py` measures the effect (R-hat of shared-batch chains
 against chains with their own batch streams).
 
+Under tf.distribute every replica runs every chain on its slice of the batch (data parallel);
+with split batches each replica cuts its own slice into C parts, so chain k's examples are
+replica-wise parts (the same examples as on one device only with shared batches).
+
 Cost. The C forward and backward passes run either as one `tf.vectorized_map` over the chain axis
 (the net called under a `keras.StatelessScope` that maps its variables to the chain's values) or
 as a loop of C passes in the compiled step; the sampler updates (cheap elementwise work) and the
