@@ -1,6 +1,6 @@
 """The offline demo (`make demo`): the benchmark runner on scikit-learn's 8x8 digits.
 
-    python -m benchmarks.demo --out runs/demo [--quick]
+    python -m benchmarks.demo --out runs/demo [--quick] [--num-chains C]
 
 Runs `configs/digits.yaml` through `benchmarks.run`: a 64-50-10 MLP trained with Adam (a point
 estimate) and sampled with SGNHT, mCCAdL and TACT-HMC (those registered in
@@ -28,9 +28,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     parser.add_argument("--quick", action="store_true", help="a few epochs only (smoke test)")
     parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=0, help="Keras fit verbosity")
+    parser.add_argument("--num-chains", type=int, default=None,
+                        help="chains per sampler in one fit, pooled in the posterior average (config: training.num_chains)")
     args = parser.parse_args(argv)
 
     config = run.load_config(CONFIG)
+    if args.num_chains is not None:
+        if args.num_chains < 1:
+            parser.error(f"--num-chains must be a positive integer, got {args.num_chains}")
+        config["training"]["num_chains"] = args.num_chains
     keys = []
     for key, method in config["methods"].items():
         if "sampler" in method and not run.sampler_is_registered(method["sampler"]):

@@ -31,6 +31,8 @@ Config schema (keys not listed are errors):
       batch_size: 32
       steps_per_execution: 1
       seed: 0
+      num_chains: 1                    # samplers: C chains in one fit (each its own batch_size
+                                       # examples per step; the posterior average pools them)
     evaluation:
       burn_in_epochs: 10               # or burn_in_steps; "auto": from an EquilibrationCheck
       check_block_epochs: 5            # the check's batch-means block (default 5 epochs)
@@ -93,7 +95,7 @@ import yaml
 TOP_LEVEL_KEYS = {"name", "title", "extends", "only", "data", "model", "training", "evaluation", "methods", "quick"}
 DATA_KEYS = {"dataset", "options", "label_noise", "eval_batch_size"}
 MODEL_KEYS = {"builder", "options"}
-TRAINING_KEYS = {"epochs", "batch_size", "steps_per_execution", "seed"}
+TRAINING_KEYS = {"epochs", "batch_size", "steps_per_execution", "seed", "num_chains"}
 EVALUATION_KEYS = {"burn_in_epochs", "burn_in_steps", "every_n_steps", "weighting", "num_bins", "check_block_epochs",
                    "max_burn_in_epochs"}
 METHOD_KEYS = {"label", "optimizer", "sampler", "options", "prior_std", "temperature", "evaluation"}
@@ -188,6 +190,9 @@ def load_config(path: str | os.PathLike) -> dict:
             raise ConfigError(f"`training.{key}` must be a positive integer, got {training.get(key)!r}.")
     training.setdefault("steps_per_execution", 1)
     training.setdefault("seed", 0)
+    training.setdefault("num_chains", 1)
+    if not isinstance(training["num_chains"], int) or isinstance(training["num_chains"], bool) or training["num_chains"] < 1:
+        raise ConfigError(f"`training.num_chains` must be a positive integer, got {training['num_chains']!r}.")
     config["evaluation"] = _check_keys("evaluation", config.get("evaluation"), EVALUATION_KEYS)
     config["quick"] = _check_keys("quick", config.get("quick"), QUICK_KEYS)
 
@@ -524,6 +529,30 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def chain_batches(dataset, num_chains: int):
+    """The training pipeline for a sampler with `num_chains` chains: C passes per epoch, batched
+    C times larger, so every chain gets `batch_size` examples of its own per step (the model
+    splits each batch in C parts) and an epoch keeps its number of steps."""
+    if num_chains == 1:
+        return dataset
+    import tensorflow as tf  # noqa: PLC0415
+
+    batch = int(tf_batch_size(dataset))
+    steps = int(dataset.cardinality())  # ceil(C N / (C n)): the same as one chain's
+    rebatched = dataset.repeat(num_chains).unbatch().batch(num_chains * batch)
+    return rebatched.apply(tf.data.experimental.assert_cardinality(steps)) if steps > 0 else rebatched
+
+
+def tf_batch_size(dataset) -> int:
+    """The (first) batch size of a batched `(x, y)` dataset, from its element spec or a batch."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    size = tf.nest.flatten(dataset.element_spec)[0].shape[0]
+    if size is None:
+        size = int(tf.shape(tf.nest.flatten(next(iter(dataset)))[0])[0])
+    return int(size)
+
+
 def _distributable(dataset, strategy):
     """The training dataset, sharded by DATA across workers.
 
@@ -575,6 +604,7 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
                 net, sampler, num_examples=task.train.num_examples,
                 prior=None if method.get("prior_std") is None else kt.priors.Gaussian(float(method["prior_std"])),
                 temperature=float(method.get("temperature", 1.0)), seed=seed,
+                num_chains=int(training["num_chains"]),
             )
             model.compile(loss=loss, steps_per_execution=int(training["steps_per_execution"]))
         # Every sampler run reports its temperatures; `burn_in_steps: auto` also takes its
@@ -588,7 +618,8 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
             task.test, burn_in, schedule["every_n_steps"], weighting=schedule["weighting"], num_bins=num_bins,
         )
         callbacks[:0] = [check, average]
-        record.update(kind="sampler", sampler=sampler.get_config() | {"name": sampler.name}, evaluation=schedule)
+        record.update(kind="sampler", sampler=sampler.get_config() | {"name": sampler.name}, evaluation=schedule,
+                      num_chains=int(training["num_chains"]))
     else:
         model = net
         with scope():
@@ -602,7 +633,10 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
     started = time.perf_counter()
     history = None
     try:
-        history = model.fit(_distributable(task.train.dataset, strategy), epochs=int(training["epochs"]),
+        train = task.train.dataset
+        if "sampler" in method:
+            train = chain_batches(train, int(training["num_chains"]))
+        history = model.fit(_distributable(train, strategy), epochs=int(training["epochs"]),
                             callbacks=callbacks, shuffle=False, verbose=verbose)  # the dataset shuffles itself
     except kt.SamplerDivergedError as error:
         status, message = "diverged", str(error)

@@ -16,7 +16,9 @@ if _backend != "tensorflow":
         "set KERAS_BACKEND=tensorflow."
     )
 
-from keras_thermo import callbacks, data, diagnostics, metrics, models, priors, samplers, schedules  # noqa: E402
+from keras_thermo import callbacks, chains, data, diagnostics, metrics, models, priors, samplers, schedules  # noqa: E402
+# `kt.random` (chain seeds), kept out of `__all__`: a star import must not shadow the standard module.
+from keras_thermo import random  # noqa: E402,F401
 from keras_thermo.model import BayesianModel, SamplerDivergedError  # noqa: E402
 from keras_thermo.posterior import evaluate_posterior, predict_posterior  # noqa: E402
 
@@ -26,6 +28,7 @@ __all__ = [
     "BayesianModel",
     "SamplerDivergedError",
     "callbacks",
+    "chains",
     "data",
     "diagnostics",
     "evaluate_posterior",

@@ -73,7 +73,7 @@ class TACTHistograms(keras.callbacks.Callback):
             )
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(os.path.join(self.log_dir, "train"))
-        self._last_visits = self.model.sampler_state().abf_visits.numpy()
+        self._last_visits = _pooled(self.model.sampler_state())[1]
         self._batches = 0
 
     def on_train_batch_end(self, batch, logs=None):
@@ -94,12 +94,12 @@ class TACTHistograms(keras.callbacks.Callback):
         sampler = self.model.sampler
         state = self.model.sampler_state()
         edges = sampler.bin_edges()
-        visits = state.abf_visits.numpy()
+        mean_force, visits = _pooled(state)
         step = int(state.step)
         with self._writer.as_default():
             tf.summary.write(
                 "tact_hmc/abf_mean_force",
-                _as_histogram(edges, state.abf_mean_force.numpy()),
+                _as_histogram(edges, mean_force),
                 step=step,
                 metadata=_histogram_metadata("ABF running mean of lambda'(xi) U per bin of xi"),
             )
@@ -111,3 +111,15 @@ class TACTHistograms(keras.callbacks.Callback):
             )
         self._writer.flush()
         self._last_visits = visits
+
+
+def _pooled(state) -> tuple[np.ndarray, np.ndarray]:
+    """`(ABF mean force [bins], visits [bins])`; for several chains (`[C, bins]`) the visits are
+    summed and the mean forces averaged with the chains' visits as weights."""
+    mean_force = np.asarray(state.abf_mean_force.numpy(), np.float64)
+    visits = np.asarray(state.abf_visits.numpy())
+    if visits.ndim == 1:
+        return mean_force, visits
+    total = visits.sum(axis=0)
+    weighted = (mean_force * visits).sum(axis=0)
+    return np.divide(weighted, total, out=np.zeros_like(weighted), where=total > 0), total

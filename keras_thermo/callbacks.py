@@ -31,15 +31,21 @@ class ParameterRecorder:
         capacity: Rows in the buffer; at least the number of due steps in one execution.
         burn_in_steps: Steps skipped before recording starts.
         every_n_steps: Recording period after burn-in.
+        num_chains: None for rows `[Nd]` of one chain; C for rows `[C, Nd]` of C chains that
+            step together (`BayesianModel(num_chains=C)`).
     """
 
-    def __init__(self, num_params: int, capacity: int, burn_in_steps: int, every_n_steps: int):
+    def __init__(
+        self, num_params: int, capacity: int, burn_in_steps: int, every_n_steps: int, num_chains: int | None = None
+    ):
         self.every_n_steps = every_n_steps
         self.capacity = capacity
+        self.num_chains = num_chains
+        row_shape = [num_params] if num_chains is None else [num_chains, num_params]
         # A variable, so an `EquilibrationCheck` can start the recording during `fit`.
         self.burn_in_steps = replica_local_variable(tf.constant(burn_in_steps, tf.int64), name="recording_burn_in")
         # Per-replica copies under tf.distribute: only the first replica of each worker writes.
-        self.values = replica_local_variable(tf.zeros([capacity, num_params]), name="recorded_values")
+        self.values = replica_local_variable(tf.zeros([capacity, *row_shape]), name="recorded_values")
         self.steps = replica_local_variable(tf.zeros([capacity], tf.int64), name="recorded_steps")
         self.count = replica_local_variable(tf.constant(0, tf.int32), name="recorded_count")
 
@@ -48,10 +54,12 @@ class ParameterRecorder:
         return tf.logical_and(after > 0, tf.equal(after % self.every_n_steps, 0))
 
     def maybe_record(self, step: tf.Tensor, is_sample: tf.Tensor, variables: Sequence[tf.Variable]) -> None:
-        """Appends the flattened `variables` if `step` is due and `is_sample` holds."""
+        """Appends the flattened `variables` if `step` is due and `is_sample` holds (for C
+        chains, `variables` are `[C, *shape]` tensors and each chain is flattened)."""
+        row_shape = [-1] if self.num_chains is None else [self.num_chains, -1]
 
         def record():
-            flat = tf.concat([tf.reshape(tf.cast(v, tf.float32), [-1]) for v in variables], axis=0)
+            flat = tf.concat([tf.reshape(tf.cast(v, tf.float32), row_shape) for v in variables], axis=-1)
             # The capacity covers one execution; the clamp only guards against misuse.
             index = tf.minimum(self.count, self.capacity - 1)
             if is_distributed(self.values):
@@ -67,9 +75,10 @@ class ParameterRecorder:
         tf.cond(tf.logical_and(self.is_due(step), is_sample), record, lambda: tf.constant(False))
 
     def drain(self) -> tuple[np.ndarray, np.ndarray]:
-        """Returns and clears what was recorded since the last drain: `(values [k, Nd], steps [k])`."""
+        """Returns and clears what was recorded since the last drain: `(values [k, Nd]` or
+        `[k, C, Nd], steps [k])`."""
         count = int(self.count.numpy())
-        values = self.values[:count].numpy() if count else np.zeros((0, self.values.shape[1]), np.float32)
+        values = self.values[:count].numpy() if count else np.zeros((0, *self.values.shape[1:]), np.float32)
         steps = self.steps[:count].numpy()
         self.count.assign(0)
         return values, steps
@@ -104,8 +113,10 @@ class RecordingCallback(keras.callbacks.Callback):
         steps_per_execution = int(getattr(model, "steps_per_execution", 1) or 1)
         capacity = math.ceil(steps_per_execution / self.every_n_steps) + 1
         with model.distribute_strategy.scope():
+            chains = int(getattr(model, "num_chains", 1))
             self.recorder = ParameterRecorder(
-                model.num_params, capacity, self.burn_in_steps, self.every_n_steps
+                model.num_params, capacity, self.burn_in_steps, self.every_n_steps,
+                num_chains=chains if chains > 1 else None,
             )
         if self.equilibration_check is not None:
             self.equilibration_check.link(self)

@@ -130,10 +130,20 @@ class TemperatureRecorder:
         self.steps = replica_local_variable(tf.constant(0, tf.int64), name="temperature_steps")
 
     def record(self, weight: tf.Tensor, kinetic: Sequence[tf.Tensor], configurational: Sequence[tf.Tensor]) -> None:
+        """Adds one step: `weight` a scalar and one scalar per variable, or, for C chains
+        stepping together, `weight [C]` and one `[C]` tensor per variable (the chains are
+        pooled: their weighted values add up into the same sums)."""
         w = tf.cast(weight, tf.float64)
-        values = tf.stack([tf.cast(tf.stack(list(kinetic)), tf.float64), tf.cast(tf.stack(list(configurational)), tf.float64)])
-        self.sums.assign_add(w * values)
-        self.weight.assign_add(w)
+        values = tf.stack([
+            tf.cast(tf.stack(list(kinetic), axis=-1), tf.float64),
+            tf.cast(tf.stack(list(configurational), axis=-1), tf.float64),
+        ])
+        if w.shape.rank == 1:  # [C] chains: values [2, C, V]
+            self.sums.assign_add(tf.einsum("c,kcv->kv", w, values))
+            self.weight.assign_add(tf.reduce_sum(w))
+        else:
+            self.sums.assign_add(w * values)
+            self.weight.assign_add(w)
         self.steps.assign_add(tf.constant(1, tf.int64))
 
     def drain(self) -> tuple[np.ndarray, float, int]:

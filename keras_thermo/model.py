@@ -25,11 +25,13 @@ import numpy as np
 import tensorflow as tf
 from keras.src.trainers.data_adapters import data_adapter_utils
 
+from keras_thermo import chains as kt_chains
 from keras_thermo import data as kt_data
 from keras_thermo import dense_gradients as kt_dense_gradients
 from keras_thermo import equilibration as kt_equilibration
 from keras_thermo import grads as kt_grads
 from keras_thermo import priors as kt_priors
+from keras_thermo import random as kt_random
 from keras_thermo import samplers as kt_samplers
 from keras_thermo import schedules as kt_schedules
 from keras_thermo._distribute import (
@@ -241,6 +243,25 @@ class BayesianModel(keras.Model):
             without forming the rows (`keras_thermo.dense_gradients`; only `Sequential` nets
             whose trainable layers are all `Dense`, several times cheaper); `"auto"` (default)
             uses `"dense_layers"` where it applies and `"vectorized"` otherwise.
+        num_chains: C >= 1 independent chains of the net, updated together at every step of
+            one `fit` (default 1). Chain k has its own noise (keyed by
+            `keras_thermo.random.chain_seed(seed, k)`), its own start (the net's initializers
+            redrawn; chain 0 keeps the net's weights) and, by default, its own minibatches
+            (`chain_minibatches`). `predict`, `evaluate` and the net's weights are chain 0's
+            (the active chain); `chain_weights(k)` and `set_chain_weights(k, ...)` read and
+            set every chain; the recording callbacks keep every chain
+            (`SampleCollector.samples` is `[C, S, Nd]`). Logged scalars are chain means, with
+            per-chain temperatures and xi as `<name>_chain_<k>` for C <= 8. See
+            `keras_thermo.chains`.
+        chain_method: How the C forward/backward passes run when C > 1: `"vectorized"` (one
+            `tf.vectorized_map` over the chain axis), `"loop"` (C passes in the compiled step)
+            or `"auto"` (default: the loop, the faster on CPU in `benchmarks/chains.py`).
+        chain_minibatches: `"split"` (default): each chain gets its own examples at every step;
+            `fit` on arrays draws `num_chains * batch_size` examples per step, `batch_size` per
+            chain, and a pipeline's batch is cut into C equal parts (its batch size must be a
+            multiple of C). `"shared"`: every chain sees the whole batch. Shared batches
+            correlate the chains' gradient noise, which pulls them together and biases R-hat
+            towards 1 (measured in `benchmarks/chains.py`); see `keras_thermo.chains`.
 
     Example:
         >>> import keras, numpy as np, keras_thermo as kt
@@ -264,6 +285,9 @@ class BayesianModel(keras.Model):
         seed: int | None = None,
         per_example_method: str = "auto",
         loss_elements_per_example: float = 1.0,
+        num_chains: int = 1,
+        chain_method: str = "auto",
+        chain_minibatches: str = "split",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -280,12 +304,24 @@ class BayesianModel(keras.Model):
         seed = check_seed("seed", seed)
         self.seed = py_random.randrange(2**31) if seed is None else seed
         self.per_example_method = check_choice("per_example_method", per_example_method, PER_EXAMPLE_METHODS)
+        self.num_chains = check_int("num_chains", num_chains, low=1)
+        self.chain_method = check_choice("chain_method", chain_method, kt_chains.CHAIN_METHODS)
+        self.chain_minibatches = check_choice("chain_minibatches", chain_minibatches, kt_chains.CHAIN_MINIBATCHES)
+        if self.num_chains > 1 and self.prior is not None and type(self.prior).initial_state is not kt_priors.Prior.initial_state:
+            raise ValueError(
+                f"`prior` {type(self.prior).__name__} keeps a state of its own (resampled "
+                f"hyperparameters), which is not kept per chain; with num_chains={self.num_chains} use "
+                "a prior without state (Gaussian, Laplace) or run the chains as separate models."
+            )
+        #: The seed of each chain's noise and start (chain 0: `seed`).
+        self.chain_seeds = [kt_random.chain_seed(self.seed, k) for k in range(self.num_chains)]
         # Collective keys of this strategy's own, so an earlier strategy's cannot clash with them.
         isolate_collectives(self.distribute_strategy)
         with self.distribute_strategy.scope():
             self._runtime = _Runtime()
         self._state_variables: list = []
         self._prior_state_variables: list = []
+        self._chain_variables: list = []  # chains 1..C-1, one [C - 1, *shape] per trainable variable
 
     # --- Keras plumbing -----------------------------------------------------------------------
 
@@ -381,6 +417,9 @@ class BayesianModel(keras.Model):
             "seed": self.seed,
             "per_example_method": self.per_example_method,
             "loss_elements_per_example": self.loss_elements_per_example,
+            "num_chains": self.num_chains,
+            "chain_method": self.chain_method,
+            "chain_minibatches": self.chain_minibatches,
         }
 
     @classmethod
@@ -488,19 +527,48 @@ class BayesianModel(keras.Model):
             )
         check_float32_variables(self.trainable_variables)
         with self.distribute_strategy.scope():
+            if self.num_chains > 1:
+                self._create_chain_variables()
             self._create_state_variables(params)
             self._create_setting_variables()
             self._create_prior_state_variables()
 
+    def _create_chain_variables(self) -> None:
+        """Chains 1..C-1 start from the net's initializers redrawn with their seeds."""
+        variables = self.trainable_variables
+        starts = [
+            kt_chains.redrawn_initial_weights(self.net, variables, self.chain_seeds[k])
+            for k in range(1, self.num_chains)
+        ]
+        self._chain_variables = [
+            keras.Variable(
+                np.stack([start[i] for start in starts]), dtype=variable.dtype, trainable=False,
+                autocast=False, name=f"chain_weights_{i}",
+            )
+            for i, variable in enumerate(variables)
+        ]
+
     def _create_state_variables(self, params) -> None:
-        initial = self.sampler.init(params, temperature=self.temperature, seed=self.seed)
+        if self.num_chains == 1:
+            initial = self.sampler.init(params, temperature=self.temperature, seed=self.seed)
+            leaves = tf.nest.flatten(initial)
+        else:
+            # One state per chain, from its own weights and seed; every leaf but the shared step
+            # counter gets a leading chain axis.
+            stacked = self._stacked_params()
+            chains = [
+                self.sampler.init([p[k] for p in stacked], temperature=self.temperature, seed=self.chain_seeds[k])
+                for k in range(self.num_chains)
+            ]
+            initial = chains[0]
+            per_chain = [tf.nest.flatten(state) for state in chains]
+            leaves = [per_chain[0][0]] + [tf.stack(column) for column in list(zip(*per_chain))[1:]]
         names = []
         for field, value in initial._asdict().items():
             if isinstance(value, (list, tuple)):
                 names += [f"{self.sampler.name}_{field}_{i}" for i in range(len(tf.nest.flatten(value)))]
             else:
                 names.append(f"{self.sampler.name}_{field}")
-        leaves = tf.nest.flatten(initial)
         self._state_variables = [
             keras.Variable(leaf, dtype=leaf.dtype.name, trainable=False, autocast=False, name=name)
             for leaf, name in zip(leaves, names)
@@ -536,7 +604,8 @@ class BayesianModel(keras.Model):
         cross.assign(self._prior_state_variables, [tf.where(applied, new, old) for new, old in zip(updated, current)])
 
     def sampler_state(self):
-        """The sampler state as the sampler's typed container of tensors (read-only view)."""
+        """The sampler state as the sampler's typed container of tensors (read-only view); with
+        several chains every field but `step` has a leading chain axis `[C, ...]`."""
         if not self._state_variables:
             raise ValueError("The sampler state does not exist yet: build or fit the model first.")
         values = [tf.convert_to_tensor(v) for v in self._state_variables]
@@ -546,6 +615,69 @@ class BayesianModel(keras.Model):
     def sampler_step(self) -> int:
         """Number of sampler steps taken so far (restored with the weights)."""
         return int(self.sampler_state().step)
+
+    # --- several chains -------------------------------------------------------------------------
+
+    def _chain_state(self, state, chain: int):
+        """Chain `chain`'s sampler state out of the stacked state of several chains."""
+        leaves = tf.nest.flatten(state)
+        return tf.nest.pack_sequence_as(state, [leaves[0]] + [leaf[chain] for leaf in leaves[1:]])
+
+    def _stacked_params(self) -> list[tf.Tensor]:
+        """Every chain's weights, one `[C, *shape]` tensor per trainable variable."""
+        variables = self.trainable_variables
+        if self.num_chains == 1:
+            return [tf.convert_to_tensor(v)[None] for v in variables]
+        return [
+            tf.concat([tf.convert_to_tensor(v)[None], tf.convert_to_tensor(c)], axis=0)
+            for v, c in zip(variables, self._chain_variables)
+        ]
+
+    def _check_chain(self, chain) -> int:
+        if not self._state_variables:
+            raise ValueError("The chains do not exist yet: build or fit the model first.")
+        chain = check_int("chain", chain, low=0)
+        if chain >= self.num_chains:
+            raise ValueError(f"`chain` must be in [0, {self.num_chains}), got {chain}.")
+        return chain
+
+    def chain_weights(self, chain: int) -> list[np.ndarray]:
+        """Chain `chain`'s current weights, one array per trainable variable (chain 0: the
+        net's own)."""
+        chain = self._check_chain(chain)
+        if chain == 0:
+            return [np.asarray(v.numpy()) for v in self.trainable_variables]
+        return [np.asarray(c[chain - 1].numpy()) for c in self._chain_variables]
+
+    def set_chain_weights(self, chain: int, weights) -> None:
+        """Sets chain `chain`'s weights (e.g. its start), one array per trainable variable in
+        `trainable_variables` order; chain 0's are the net's own."""
+        chain = self._check_chain(chain)
+        variables = self.trainable_variables
+        weights = list(weights)
+        if len(weights) != len(variables) or any(
+            tuple(np.shape(w)) != tuple(v.shape) for w, v in zip(weights, variables)
+        ):
+            raise ValueError(
+                f"`weights` must hold one array per trainable variable, shaped "
+                f"{[tuple(v.shape) for v in variables]}; got {[tuple(np.shape(w)) for w in weights]}."
+            )
+        for i, (variable, value) in enumerate(zip(variables, weights)):
+            if chain == 0:
+                variable.assign(value)
+            else:
+                self._chain_variables[i].assign(
+                    tf.tensor_scatter_nd_update(self._chain_variables[i], [[chain - 1]], np.asarray(value)[None])
+                )
+
+    @property
+    def chain_path(self) -> str:
+        """How the C forward/backward passes run: `"vectorized"` or `"loop"` (resolves "auto")."""
+        if self.chain_method != "auto":
+            return self.chain_method
+        # Measured by benchmarks/chains.py on CPU: the loop was the faster for every network and
+        # sampler there (one vectorized map of small layers costs more than C plain passes).
+        return "loop"
 
     # --- the training step --------------------------------------------------------------------
 
@@ -568,6 +700,8 @@ class BayesianModel(keras.Model):
         return potential, loss, y_pred
 
     def train_step(self, data):
+        if self.num_chains > 1:
+            return self._train_step_chains(data)
         x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
         variables = self.trainable_variables
         # Identity on one device; under tf.distribute it makes every replica see the global
@@ -617,6 +751,164 @@ class BayesianModel(keras.Model):
             logs["temperature"] = temperature
         logs.update(diagnostics)
         return cross.per_worker_logs(logs)  # Keras' multi-worker reduction needs vectors
+
+    def _chain_batches(self, data):
+        """`(x, y, sample_weight)` of each chain: the whole batch for every chain (`"shared"`), or
+        C equal parts of it, one per chain (`"split"`), refused at run time when C does not divide
+        the batch."""
+        if self.chain_minibatches == "shared":
+            return [data] * self.num_chains
+        chains = self.num_chains
+        size = tf.shape(tf.nest.flatten(data[0])[0])[0]
+        check = tf.debugging.Assert(
+            tf.equal(size % chains, 0),
+            [
+                "BayesianModel(chain_minibatches='split'): a batch of", size,
+                f"examples does not split into {chains} equal parts, one per chain; fit on arrays "
+                f"(each chain then draws batch_size examples of its own) or give a pipeline whose "
+                f"batches (per replica) are multiples of num_chains = {chains}.",
+            ],
+        )
+        with tf.control_dependencies([check]):
+            part = size // chains
+
+        def piece(k):
+            return tuple(
+                None if item is None else tf.nest.map_structure(lambda t: t[k * part:(k + 1) * part], item)
+                for item in data
+            )
+
+        return [piece(k) for k in range(chains)]
+
+    def _chain_forward_backward(self, batches, stacked_params):
+        """Every chain's `(U, L, y_pred, F, updated non-trainable values)` on its batch, stacked
+        on a leading chain axis: the net runs under a `keras.StatelessScope` mapping its trainable
+        variables to the chain's values, vectorized over chains or in a loop (`chain_path`)."""
+        variables = self.trainable_variables
+        non_trainable = self.net.non_trainable_variables
+
+        def one_chain(params, batch):
+            x, y, sample_weight = batch
+            params = list(params)
+            with tf.GradientTape() as tape:
+                tape.watch(params)
+                with keras.StatelessScope(state_mapping=list(zip(variables, params))) as scope:
+                    potential, loss, y_pred = self.compute_potential(x, y, sample_weight)
+                    # What the pass wrote to non-trainable variables (BatchNormalization's moving
+                    # statistics, seed generators); chain 0's are kept.
+                    updated = []
+                    for variable in non_trainable:
+                        value = scope.get_current_value(variable)
+                        updated.append(tf.convert_to_tensor(variable) if value is None else value)
+            gradients = tape.gradient(potential, params)
+            force = [
+                -tf.convert_to_tensor(g) if g is not None else tf.zeros_like(p) for g, p in zip(gradients, params)
+            ]
+            return tf.cast(potential, tf.float32), loss, y_pred, force, updated
+
+        if self.chain_path == "vectorized":
+            if self.chain_minibatches == "shared":
+                return tf.vectorized_map(lambda params: one_chain(params, batches[0]), stacked_params)
+            present = [i for i, item in enumerate(batches[0]) if item is not None]  # y, weights may be None
+            stacked_batches = [
+                tf.nest.map_structure(lambda *parts: tf.stack(parts), *[batch[i] for batch in batches]) for i in present
+            ]
+
+            def chain_with_batch(args):
+                params, items = args
+                batch = [None] * len(batches[0])
+                for i, item in zip(present, items):
+                    batch[i] = item
+                return one_chain(params, tuple(batch))
+
+            return tf.vectorized_map(chain_with_batch, (stacked_params, stacked_batches))
+        per_chain = [one_chain([p[k] for p in stacked_params], batches[k]) for k in range(self.num_chains)]
+        return tf.nest.map_structure(lambda *chains: tf.stack(chains), *per_chain)
+
+    def _train_step_chains(self, data):
+        """`train_step` for C > 1 chains (`keras_thermo.chains`): every chain's force, then
+        every chain's sampler update, assigned together (or not at all, see `_assign_if_finite`)."""
+        batches = self._chain_batches(data_adapter_utils.unpack_x_y_sample_weight(data))
+        variables = self.trainable_variables
+        chains = range(self.num_chains)
+        cross = CrossReplica()
+        stacked = self._stacked_params()
+        potential, loss, y_pred, force, updated = self._chain_forward_backward(batches, stacked)
+        for variable, values in zip(self.net.non_trainable_variables, updated):
+            variable.assign(values[0])
+        local_batch_size = tf.shape(tf.nest.flatten(batches[0][0])[0])[0]  # one chain's
+        self._loss_tracker.update_state(tf.reduce_mean(loss) * cross.num_replicas, sample_weight=local_batch_size)
+        force, potential, batch_size = cross.sum((force, potential, tf.cast(local_batch_size, tf.float32)))
+        force, potential, batch_size = cross.check_even_split(batch_size, (force, potential, batch_size))
+
+        state = self.sampler_state()
+        temperature = self._step_temperature(state.step, cross)
+        results = []
+        for k in chains:
+            x, y, sample_weight = batches[k]
+            params = [p[k] for p in stacked]
+            chain_force = [f[k] for f in force]
+            # Per-example statistics read the net's weights: map them to this chain's.
+            with keras.StatelessScope(state_mapping=list(zip(variables, params))):
+                per_example = None
+                if self.sampler.needs_per_example_gradients:
+                    per_example = self._per_example_gradients(x, y, sample_weight, cross)
+                context = kt_samplers.StepContext(
+                    temperature=temperature,
+                    num_examples=self.likelihood_weight,
+                    batch_size=batch_size,
+                    potential=potential[k],
+                    seed=self.chain_seeds[k],
+                    per_example_gradients=per_example,
+                )
+                results.append(self.sampler.update(self._chain_state(state, k), params, chain_force, context))
+        new_params = [tf.stack(column) for column in zip(*[r[0] for r in results])]
+        chain_states = [r[1] for r in results]
+        per_chain_leaves = [tf.nest.flatten(s) for s in chain_states]
+        new_leaves = [per_chain_leaves[0][0]] + [tf.stack(column) for column in list(zip(*per_chain_leaves))[1:]]
+        new_state = tf.nest.pack_sequence_as(state, new_leaves)
+
+        # Chain 0 in the net's variables, the others in the chain variables.
+        targets = list(variables) + list(self._chain_variables) + list(self._state_variables)
+        values = [p[0] for p in new_params] + [p[1:] for p in new_params] + new_leaves
+        checked = new_params + [t for t in new_leaves if t.dtype.is_floating] + [potential]
+        ok = self._assign_if_finite(targets, values, checked, state.step, cross)
+        if self._runtime.recorders:
+            completed = tf.cast(new_state.step, tf.int64)
+            is_sample = tf.reduce_all([self.sampler.is_sample(s) for s in chain_states])
+            is_sample = tf.logical_and(tf.logical_and(ok, is_sample), cross.is_first_local_replica())
+            recorded = [tf.where(ok, new, old) for new, old in zip(new_params, stacked)]
+            for recorder in self._runtime.recorders:
+                recorder.maybe_record(completed, is_sample, recorded)
+        if self._runtime.temperature_recorders:
+            per_chain = [
+                self._variable_temperatures(self._chain_state(state, k), chain_states[k], [p[k] for p in stacked],
+                                            [p[k] for p in new_params], [f[k] for f in force])
+                for k in chains
+            ]
+            weight, kinetic, configurational = (tf.stack(column) for column in zip(*per_chain))
+            for recorder in self._runtime.temperature_recorders:
+                recorder.record(weight, tf.unstack(kinetic, axis=1), tf.unstack(configurational, axis=1))
+
+        for k in chains:
+            x, y, sample_weight = batches[k]
+            logs = self.compute_metrics(x, y, y_pred[k], sample_weight=sample_weight)  # chain means
+        logs = dict(logs)
+        logs["potential"] = tf.reduce_mean(potential)
+        if self.temperature_schedule is not None:
+            logs["temperature"] = temperature
+        per_chain_logs = {
+            "configurational_temperature": tf.stack(
+                [configurational_temperature([p[k] for p in stacked], [f[k] for f in force]) for k in chains]
+            ),
+        }
+        for name in results[0][2]:
+            per_chain_logs[name] = tf.stack([tf.cast(r[2][name], tf.float32) for r in results])
+        for name, values in per_chain_logs.items():
+            logs[name] = tf.reduce_mean(values)
+            if name in kt_chains.PER_CHAIN_LOGS and self.num_chains <= kt_chains.MAX_LOGGED_CHAINS:
+                logs.update({kt_chains.chain_log_name(name, k): values[k] for k in chains})
+        return cross.per_worker_logs(logs)
 
     def test_step(self, data):
         # `evaluate` under a multi-worker strategy: Keras' logs need the same reshaping.
@@ -673,33 +965,48 @@ class BayesianModel(keras.Model):
         rows = kt_grads.per_example_gradients(self.net, self.loss, x, y, sample_weight, loss_scale=scale)
         return kt_grads.PerExampleGradients(tf.cast(rows, tf.float32), cross)
 
+    def _assign_if_finite(self, targets, values, checked, step, cross) -> tf.Tensor:
+        """Assigns `values` to `targets` unless any of `checked` is non-finite (then nothing
+        moves, and `diverged_at` keeps `step`); returns whether they were assigned."""
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in checked])
+        ok = tf.logical_and(finite, self._runtime.diverged_at < 0)
+        cross.assign(targets, [tf.where(ok, value, target) for target, value in zip(targets, values)])
+        first_failure = tf.logical_and(tf.logical_not(finite), self._runtime.diverged_at < 0)
+        self._runtime.diverged_at.assign(
+            tf.where(first_failure, tf.cast(step, tf.int64), self._runtime.diverged_at)
+        )
+        return ok
+
     def _apply_if_finite(self, variables, new_params, state, new_state, potential, cross) -> None:
         """Assigns the step's results, unless any is non-finite (then nothing moves)."""
         new_leaves = tf.nest.flatten(new_state)
         checked = list(new_params) + [t for t in new_leaves if t.dtype.is_floating] + [potential]
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in checked])
-        ok = tf.logical_and(finite, self._runtime.diverged_at < 0)
         targets = list(variables) + list(self._state_variables)
-        values = list(new_params) + new_leaves
-        cross.assign(targets, [tf.where(ok, value, target) for target, value in zip(targets, values)])
-        first_failure = tf.logical_and(tf.logical_not(finite), self._runtime.diverged_at < 0)
-        self._runtime.diverged_at.assign(
-            tf.where(first_failure, tf.cast(state.step, tf.int64), self._runtime.diverged_at)
-        )
+        ok = self._assign_if_finite(targets, list(new_params) + new_leaves, checked, state.step, cross)
         completed = tf.cast(new_state.step, tf.int64)
         is_sample = tf.logical_and(ok, self.sampler.is_sample(new_state))
         is_sample = tf.logical_and(is_sample, cross.is_first_local_replica())
         for recorder in self._runtime.recorders:
             recorder.maybe_record(completed, is_sample, variables)
 
-    def _record_temperatures(self, state, new_state, params, new_params, force) -> None:
-        """Per-variable kinetic and configurational temperatures of a completed step, for the
-        `EquilibrationCheck` callbacks; steps that did not apply, or where the sampler is not at
-        T (TACT-HMC off its plateau), weigh 0."""
+    def _variable_temperatures(self, state, new_state, params, new_params, force):
+        """`(weight, kinetic [V], configurational [V])` of a completed step: per-variable
+        temperatures for the `EquilibrationCheck` callbacks; steps that did not apply, or where
+        the sampler is not at T (TACT-HMC off its plateau), weigh 0."""
         kinetic = self.sampler.variable_kinetic_temperatures(new_state, params, new_params)
         configurational = kt_equilibration.variable_configurational_temperatures(params, force)
         applied = self._runtime.diverged_at < 0
         weight = tf.logical_and(applied, self.sampler.at_target_temperature(state))
+        return (
+            tf.cast(weight, tf.float64),
+            tf.cast(tf.stack(kinetic), tf.float64),
+            tf.cast(tf.stack(configurational), tf.float64),
+        )
+
+    def _record_temperatures(self, state, new_state, params, new_params, force) -> None:
+        """Records `_variable_temperatures` of the step in every `EquilibrationCheck`."""
+        weight, kinetic, configurational = self._variable_temperatures(state, new_state, params, new_params, force)
+        kinetic, configurational = tf.unstack(kinetic), tf.unstack(configurational)
         for recorder in self._runtime.temperature_recorders:
             recorder.record(weight, kinetic, configurational)
 
@@ -790,6 +1097,8 @@ class BayesianModel(keras.Model):
         elif not _is_array_data(arguments.get("x")) and not getattr(arguments.get("x"), "draws_with_replacement", False):
             self._note_pipeline_noise()
         callbacks = _checks_first(arguments.get("callbacks"))
+        if self.num_chains > 1:
+            callbacks = kt_chains.with_chain_progbar(callbacks)
         arguments["callbacks"] = callbacks
         check_no_learning_rate_callbacks(callbacks)
         self._attach_recorders(callbacks)
@@ -815,6 +1124,8 @@ class BayesianModel(keras.Model):
         arguments["shuffle"] = False  # the draws are already random (Keras warns otherwise)
         num_examples = int(tf.nest.flatten(arrays)[0].shape[0])
         steps_per_epoch = arguments.get("steps_per_epoch") or math.ceil(num_examples / batch_size)
+        if self.num_chains > 1 and self.chain_minibatches == "split":
+            batch_size *= self.num_chains  # batch_size examples of its own for every chain
         step = self._state_variables[0]  # the sampler's step counter
         if self.distribute_strategy.num_replicas_in_sync == 1:
             # One epoch's batches, from the step counter read when Keras starts the epoch's

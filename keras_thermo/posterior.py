@@ -221,6 +221,10 @@ class PosteriorAverage(RecordingCallback):
     Works with `keras_thermo.BayesianModel`, whose `fit` wires the recording into the compiled
     train step. Samples accumulate across successive `fit` calls; `reset()` starts over.
 
+    Several chains (`BayesianModel(num_chains=C)`): every recorded step gives C samples, all
+    pooled into the average (`num_samples` counts them all); `chain_results()` gives each
+    chain's own metrics besides.
+
     Args:
         data: Held-out examples with labels: `(x, y)` arrays, a finite `tf.data.Dataset` of
             `(x, y)` batches that yields the same examples in the same order on every pass
@@ -285,11 +289,13 @@ class PosteriorAverage(RecordingCallback):
         self.num_bins = check_int("num_bins", num_bins, low=1)
         self._predictor: _SamplePredictor | None = None
         self._averager: kt_metrics.PredictiveAverager | None = None
+        self._chain_averagers: list[kt_metrics.PredictiveAverager] = []
         self._labels: np.ndarray | None = None
 
     def reset(self) -> None:
         """Forgets every sample averaged so far."""
         self._averager = None
+        self._chain_averagers = []
 
     def attach(self, model) -> ParameterRecorder:
         recorder = super().attach(model)
@@ -315,20 +321,31 @@ class PosteriorAverage(RecordingCallback):
         return float(sampler.step_size_at(tf.constant(int(step) - 1, tf.int64)))
 
     def consume(self, values: np.ndarray, steps: np.ndarray) -> None:
-        for vector, step in zip(values, steps):
-            outputs, labels = self._predictor.predict(vector, self.data)
-            if labels is None:
-                raise ValueError("`data` yielded batches without labels; PosteriorAverage needs (x, y).")
-            if self._labels is None:
-                self._labels = labels
-            elif labels.shape != self._labels.shape or np.any(labels != self._labels):
-                raise ValueError(
-                    "`data` yielded different labels on two passes: evaluation data must give "
-                    "the same examples in the same order every pass (do not shuffle it)."
-                )
-            if self._averager is None:
-                self._averager = kt_metrics.PredictiveAverager(self._labels, self.num_bins)
-            _update(self._averager, outputs, self.outputs, self._sample_weight(step))
+        for row, step in zip(values, steps):
+            chains = row[None] if row.ndim == 1 else row  # [Nd] of one chain, or [C, Nd]
+            for chain, vector in enumerate(chains):
+                self._add(vector, step, chain if row.ndim == 2 else None)
+
+    def _add(self, vector: np.ndarray, step, chain: int | None) -> None:
+        """Adds one sample (of chain `chain`, None for a one-chain model) to the averages."""
+        outputs, labels = self._predictor.predict(vector, self.data)
+        if labels is None:
+            raise ValueError("`data` yielded batches without labels; PosteriorAverage needs (x, y).")
+        if self._labels is None:
+            self._labels = labels
+        elif labels.shape != self._labels.shape or np.any(labels != self._labels):
+            raise ValueError(
+                "`data` yielded different labels on two passes: evaluation data must give "
+                "the same examples in the same order every pass (do not shuffle it)."
+            )
+        if self._averager is None:
+            self._averager = kt_metrics.PredictiveAverager(self._labels, self.num_bins)
+        weight = self._sample_weight(step)
+        _update(self._averager, outputs, self.outputs, weight)
+        if chain is not None:
+            while len(self._chain_averagers) <= chain:
+                self._chain_averagers.append(kt_metrics.PredictiveAverager(self._labels, self.num_bins))
+            _update(self._chain_averagers[chain], outputs, self.outputs, weight)
 
     @property
     def num_samples(self) -> int:
@@ -375,6 +392,11 @@ class PosteriorAverage(RecordingCallback):
         if self._averager is None:
             return _empty_result()
         return self._averager.result()
+
+    def chain_results(self) -> list[dict[str, float]]:
+        """Each chain's own `result()` (its samples only), for a model with several chains;
+        empty for one chain or before the first sample."""
+        return [averager.result() for averager in self._chain_averagers]
 
     def on_epoch_end(self, epoch, logs=None):
         self._drain()

@@ -20,6 +20,9 @@ STREAM_TEMPERING = 3
 STREAM_TEMPERING_INIT = 4
 STREAM_DATA = 5  # minibatch indices drawn by `BayesianModel.fit` from arrays
 STREAM_PRIOR = 16  # hyperparameter draws of priors (`keras_thermo.priors.HierarchicalGaussian`)
+STREAM_CHAIN = 6  # seeds of the chains of a several-chain model (`chain_seed`)
+
+_MASK_64 = (1 << 64) - 1
 
 
 def step_key(seed: int, step: tf.Tensor, stream: int) -> tf.Tensor:
@@ -50,3 +53,29 @@ def normal_like(key: tf.Tensor, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]
         sub_key = tf.random.experimental.stateless_fold_in(key, index)
         draws.append(tf.random.stateless_normal(tf.shape(like), seed=sub_key, dtype=like.dtype))
     return draws
+
+
+def _mix64(value: int) -> int:
+    """The splitmix64 finaliser (Steele, Lea & Flood 2014): a bijection of 64-bit integers whose
+    outputs for consecutive inputs look independent."""
+    value = (value ^ (value >> 30)) * 0xBF58476D1CE4E5B9 & _MASK_64
+    value = (value ^ (value >> 27)) * 0x94D049BB133111EB & _MASK_64
+    return value ^ (value >> 31)
+
+
+def chain_seed(seed: int, chain: int) -> int:
+    """The seed of chain `chain` of a model seeded `seed`, in [0, 2**31).
+
+    Chain 0 keeps `seed` itself, so chain 0 of a several-chain run is the one-chain run with the
+    same seed; every other chain's seed is a hash of (seed, STREAM_CHAIN, chain). A chain's noise,
+    momentum draws and redrawn initial weights are all keyed by its seed, so chain k of a C-chain
+    run is the one-chain run seeded `chain_seed(seed, k)` (given the same batches and start).
+
+    Example:
+        >>> chain_seed(7, 0), chain_seed(7, 1) == chain_seed(7, 1), chain_seed(7, 1) != chain_seed(7, 2)
+        (7, True, True)
+    """
+    if chain == 0:
+        return int(seed)
+    mixed = _mix64((int(seed) << 32 | STREAM_CHAIN << 24 | int(chain)) & _MASK_64)
+    return int(mixed & 0x7FFFFFFF)

@@ -5,11 +5,14 @@ import doctest
 
 import pytest
 
-from keras_thermo import callbacks, diagnostics, metrics, posterior, priors, schedules
+from keras_thermo import callbacks, chains, diagnostics, metrics, posterior, priors, random, schedules
 from keras_thermo.samplers import preconditioning
 
 
-@pytest.mark.parametrize("module", [metrics, diagnostics, posterior, callbacks, schedules, priors, preconditioning], ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "module", [metrics, diagnostics, posterior, callbacks, schedules, priors, preconditioning, chains, random],
+    ids=lambda m: m.__name__,
+)
 def test_docstring_examples_run(module):
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0

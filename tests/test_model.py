@@ -197,6 +197,12 @@ BAD_MODEL_INPUTS = [
     (dict(prior=lambda w: 0.0), TypeError, ["prior"]),
     (dict(sampler="hmc"), ValueError, ["identifier", "hmc"]),
     (dict(net="not a model"), TypeError, ["net", "str"]),
+    (dict(num_chains=0), ValueError, ["num_chains", "0", ">= 1"]),
+    (dict(num_chains="two"), TypeError, ["num_chains", "'two'", "integer"]),
+    (dict(num_chains=2.5), TypeError, ["num_chains", "2.5"]),
+    (dict(num_chains=2, prior=kt.priors.HierarchicalGaussian()), ValueError, ["prior", "HierarchicalGaussian", "num_chains=2"]),
+    (dict(chain_method="parallel"), ValueError, ["chain_method", "parallel", "vectorized", "loop"]),
+    (dict(chain_minibatches="half"), ValueError, ["chain_minibatches", "half", "split", "shared"]),
 ]
 
 

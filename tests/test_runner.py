@@ -81,6 +81,9 @@ def test_config_errors_name_the_key(tmp_path):
     bad.write_text("extends: " + str(CONFIGS / "digits.yaml") + "\nmethods: {adam: {sampler: sgnht}}\n")
     with pytest.raises(run.ConfigError, match="exactly one of `optimizer` and `sampler`"):
         run.load_config(bad)
+    bad.write_text("extends: " + str(CONFIGS / "digits.yaml") + "\ntraining: {epochs: 1, batch_size: 32, num_chains: 0}\n")
+    with pytest.raises(run.ConfigError, match=r"`training.num_chains` must be a positive integer, got 0"):
+        run.load_config(bad)
     # TACT-HMC yields samples only every K steps: a thinning that never meets them is refused.
     config = run.load_config(CONFIGS / "emnist_tact_hmc.yaml")
     config["evaluation"]["every_n_steps"] = 75
@@ -177,3 +180,22 @@ def test_demo_quick_writes_table_plots_and_tensorboard(tmp_path, capsys):
     for name in ("kinetic_temperature", "xi", "potential", "step_size", "posterior_accuracy", "posterior_nll", "ece"):
         assert f"epoch_{name}" in tags, sorted(tags)
     assert math.isfinite(runs["adam"]["metrics"]["nll"])
+
+
+def load_config_epochs() -> int:
+    return int(run.load_config(CONFIGS / "digits.yaml")["quick"]["epochs"])
+
+
+@pytest.mark.slow  # ~1 min; tests/test_chains.py covers the chains themselves in the default suite
+def test_demo_with_several_chains_pools_them_and_logs_each_chain(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert demo.main(["--out", str(out), "--quick", "--num-chains", "2"]) == 0
+    capsys.readouterr()
+    results = _check_outputs(out, ["Adam", "SGNHT"])
+    sgnht = {r["method"]: r for r in results["runs"]}["sgnht"]
+    assert sgnht["status"] == "ok" and sgnht["num_chains"] == 2
+    assert sgnht["metrics"]["num_samples"] % 2 == 0 and sgnht["metrics"]["num_samples"] >= 2  # both chains pooled
+    assert len(sgnht["history"]["posterior_accuracy"]) == load_config_epochs()
+    tags = _event_tags(sgnht["tensorboard"])
+    for name in ("kinetic_temperature_chain_0", "kinetic_temperature_chain_1", "xi_chain_1", "xi"):
+        assert f"epoch_{name}" in tags, sorted(tags)

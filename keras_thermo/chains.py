@@ -1,0 +1,193 @@
+"""Several chains of one network in one `fit` (`BayesianModel(num_chains=C)`).
+
+Layout. Chain 0 lives in the net's own trainable variables, so `predict`, `evaluate`, `save_weights`
+and everything else that reads the net sees chain 0 (the *active chain*). Chains 1..C-1 live in one
+non-trainable variable per trainable variable, shaped `[C - 1, *shape]`; the sampler state keeps a
+leading chain axis `[C, ...]` on every leaf except the shared step counter. Everything is a model
+variable, so checkpoints, `model.save` and exact resume work as with one chain.
+
+Starts and noise. Chain k's noise is keyed by `keras_thermo.random.chain_seed(seed, k)` (chain 0:
+the model seed), and chains 1..C-1 start from the net's initializers redrawn with seeds derived
+from theirs (`redrawn_initial_weights`); chain 0 keeps the net's weights. Chain k of a C-chain run
+is therefore the one-chain run seeded `chain_seed(seed, k)` from chain k's start, given the same
+minibatches.
+
+Minibatches. The chains share each minibatch: one data pipeline, keyed by the model seed, feeds
+every chain the same examples at each step. Splitting a minibatch into C parts would give each
+chain a batch C times smaller, i.e. C times the gradient-noise variance, a different sampler from
+the one-chain run; drawing C independent batches would cost C data pipelines. Sharing correlates
+the chains' gradient noise, which could make chains look more alike than independent runs do and
+bias R-hat towards 1; `benchmarks/chains.py` measures the effect (R-hat of shared-batch chains
+against chains with their own batch streams).
+
+Under tf.distribute every replica runs every chain on its slice of the batch (data parallel);
+with split batches each replica cuts its own slice into C parts, so chain k's examples are
+replica-wise parts (the same examples as on one device only with shared batches).
+
+Cost. The C forward and backward passes run either as one `tf.vectorized_map` over the chain axis
+(the net called under a `keras.StatelessScope` that maps its variables to the chain's values) or
+as a loop of C passes in the compiled step; the sampler updates (cheap elementwise work) and the
+per-example statistics of CCAdL/mCCAdL run as a loop over chains. `benchmarks/chains.py` measures
+both.
+
+Recording. `SampleCollector` and `PosteriorAverage` get one `[C, Nd]` row per due step (all
+chains at the same steps, `SampleCollector.samples` `[C, S, Nd]`). For a sampler that yields
+samples only on some steps of a chain (TACT-HMC: on the plateau of its tempering variable) a row
+is recorded when every chain yields one; the chains being independent, that condition does not
+bias any chain's samples, but it keeps fewer of them (about `0.2^C` of the due steps at
+TACT-HMC's default plateau fraction).
+
+Logs. The usual names (`kinetic_temperature`, `configurational_temperature`, `xi`, `potential`,
+`loss`, compiled metrics...) hold chain means; for C <= `MAX_LOGGED_CHAINS` the per-chain
+`kinetic_temperature_chain_k`, `configurational_temperature_chain_k` and `xi_chain_k` go to the
+logs too (History, TensorBoard), and the progress bar leaves them out.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from typing import Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_thermo import random as kt_random
+
+#: How the C forward/backward passes are computed (`BayesianModel(chain_method=...)`).
+CHAIN_METHODS = ("auto", "vectorized", "loop")
+
+#: Whether the chains share each minibatch or split it (`BayesianModel(chain_minibatches=...)`).
+CHAIN_MINIBATCHES = ("split", "shared")
+
+#: Largest C for which each chain's temperatures and xi are logged under their own names.
+MAX_LOGGED_CHAINS = 8
+
+#: Logged quantities that also get one entry per chain.
+PER_CHAIN_LOGS = ("kinetic_temperature", "configurational_temperature", "xi")
+
+_CHAIN_LOG = re.compile(r"_chain_\d+$")
+
+
+def chain_log_name(name: str, chain: int) -> str:
+    """The log name of chain `chain`'s value of `name`, e.g. `xi_chain_2`."""
+    return f"{name}_chain_{chain}"
+
+
+def is_chain_log(name: str) -> bool:
+    """Whether a log entry is one chain's value (left out of the progress bar)."""
+    return bool(_CHAIN_LOG.search(name))
+
+
+# --- initial weights ----------------------------------------------------------------------------
+
+
+def _owned_variables(layer) -> list:
+    """The trainable variables `layer` created itself (not its sublayers')."""
+    return list(getattr(layer, "_trainable_variables", []))
+
+
+def _initializer_of(layer, variable):
+    """The initializer `layer` keeps for `variable`, found by Keras' naming convention
+    (`kernel` -> `kernel_initializer`, `recurrent_kernel` -> `recurrent_initializer`...), or None."""
+    name = variable.name.split("/")[-1]
+    candidates = [f"{name}_initializer"]
+    if name.endswith("_kernel"):
+        candidates.append(f"{name[: -len('_kernel')]}_initializer")
+    for attribute in candidates:
+        initializer = getattr(layer, attribute, None)
+        if isinstance(initializer, keras.initializers.Initializer):
+            return initializer
+    return None
+
+
+def _reseeded(initializer, seed: int):
+    """A copy of `initializer` drawing with `seed` (deterministic initializers unchanged)."""
+    config = initializer.get_config()
+    if "seed" not in config:
+        return initializer
+    return type(initializer).from_config({**config, "seed": int(seed)})
+
+
+def redrawn_initial_weights(net: keras.Model, variables: Sequence, seed: int) -> list[np.ndarray]:
+    """Fresh initial values of `variables` (the net's trainable variables), drawn with the net's
+    own initializers reseeded from `seed` (variable i with `chain_seed(seed, i + 1)`).
+
+    A variable whose initializer cannot be found (a custom layer that does not keep it as
+    `<name>_initializer`) keeps its current value, with a warning: set the chains' starts with
+    `BayesianModel.set_chain_weights` then.
+
+    Example:
+        >>> net = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3)])
+        >>> kernel, bias = redrawn_initial_weights(net, net.trainable_variables, seed=5)
+        >>> kernel.shape, bool(np.any(kernel != net.layers[0].kernel.numpy())), bias.tolist()
+        ((2, 3), True, [0.0, 0.0, 0.0])
+    """
+    owners = {}
+    for layer in net._flatten_layers(include_self=True, recursive=True):
+        for variable in _owned_variables(layer):
+            owners.setdefault(id(variable), layer)
+    values, missing = [], []
+    for index, variable in enumerate(variables):
+        layer = owners.get(id(variable))
+        initializer = None if layer is None else _initializer_of(layer, variable)
+        if initializer is None:
+            missing.append(getattr(variable, "path", variable.name))
+            values.append(np.asarray(variable.numpy()))
+            continue
+        draw = _reseeded(initializer, kt_random.chain_seed(seed, index + 1))
+        values.append(np.asarray(keras.ops.convert_to_numpy(draw(tuple(variable.shape), dtype=variable.dtype))))
+    if missing:
+        warnings.warn(
+            f"BayesianModel(num_chains > 1): no initializer found for {missing} (looked for a "
+            "`<name>_initializer` attribute on the owning layer); every chain starts these at "
+            "the net's current values. Give each chain its own start with "
+            "`model.set_chain_weights(chain, weights)`.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return values
+
+
+# --- the progress bar ---------------------------------------------------------------------------
+
+
+class ProgbarWithoutChainLogs(keras.callbacks.ProgbarLogger):
+    """Keras' progress bar, without the per-chain log entries (History and TensorBoard keep
+    them)."""
+
+    @staticmethod
+    def _without_chains(logs):
+        if logs is None:
+            return None
+        return {name: value for name, value in logs.items() if not is_chain_log(name)}
+
+    def _update_progbar(self, batch, logs=None):
+        super()._update_progbar(batch, self._without_chains(logs))
+
+    def _finalize_progbar(self, logs):
+        super()._finalize_progbar(self._without_chains(logs))
+
+
+def with_chain_progbar(callbacks):
+    """`callbacks` with a `ProgbarWithoutChainLogs` standing in for Keras' default progress bar
+    (kept as given when the caller supplies a `CallbackList` or a progress bar of their own)."""
+    if isinstance(callbacks, keras.callbacks.CallbackList):
+        return callbacks
+    callbacks = list(callbacks or [])
+    if any(isinstance(cb, keras.callbacks.ProgbarLogger) for cb in callbacks):
+        return callbacks
+    return callbacks + [ProgbarWithoutChainLogs()]
+
+
+__all__ = [
+    "CHAIN_METHODS",
+    "CHAIN_MINIBATCHES",
+    "MAX_LOGGED_CHAINS",
+    "PER_CHAIN_LOGS",
+    "ProgbarWithoutChainLogs",
+    "chain_log_name",
+    "is_chain_log",
+    "redrawn_initial_weights",
+]
