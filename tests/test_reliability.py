@@ -56,7 +56,14 @@ class _Interrupt(keras.callbacks.Callback):
             raise KeyboardInterrupt("simulated preemption")
 
 
-@pytest.mark.parametrize("name", sorted(SAMPLER_CONFIGS))
+def _cases(default: set[str]):
+    """Every sampler; those outside `default` run in the slow suite. Each sampler's whole state
+    round trip is checked in the default suite by test_model.py's save/load/resume test: these
+    tests add Keras' checkpointing callbacks, whose mechanism is the same for every sampler."""
+    return [name if name in default else pytest.param(name, marks=pytest.mark.slow) for name in sorted(SAMPLER_CONFIGS)]
+
+
+@pytest.mark.parametrize("name", _cases({"tact-hmc"}))
 def test_model_checkpoint_weights_resume_exactly(name, tmp_path):
     make = SAMPLER_CONFIGS[name]
     straight = _model(make)
@@ -77,7 +84,7 @@ def test_model_checkpoint_weights_resume_exactly(name, tmp_path):
     _assert_same(_state(straight), _state(resumed))
 
 
-@pytest.mark.parametrize("name", sorted(SAMPLER_CONFIGS))
+@pytest.mark.parametrize("name", _cases({"sgld", "ccadl-full"}))
 def test_backup_and_restore_resumes_exactly_after_preemption(name, tmp_path):
     make = SAMPLER_CONFIGS[name]
     straight = _model(make)
