@@ -26,7 +26,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from keras_thermo.linalg import _operands, gram, taylor
+from keras_thermo.linalg import _operands, gram, krylov, taylor
 
 #: Method codes returned by `expm_action`.
 TAYLOR = 0
@@ -87,7 +87,14 @@ def expm_action(
             result, matvecs = taylor.run_taylor(operands, plan, tol, max_degree)
             code = TAYLOR
         else:
-            use_gram = gram.gram_method_cost(operands.gc) < plan.predicted_matvecs + 0.5
+            # Lanczos steps from the Taylor plan's bound, tau ||Gc||_F^2 (-2 shift): an upper
+            # bound on what the Gram method will plan from its own, tighter bound.
+            steps = krylov.krylov_steps(
+                -2.0 * plan.shift,
+                gram.krylov_dimension(operands.gc),
+                krylov.reach_table(operands.gc.dtype),
+            )
+            use_gram = gram.gram_method_cost(operands.gc, steps) < plan.predicted_matvecs + 0.5
             result, matvecs = tf.cond(
                 use_gram,
                 lambda: gram.run_gram(operands),
