@@ -7,8 +7,11 @@ cost model counts time in products with `S` (two passes over `Gc`; the unit of `
   the pass for `||Gc||_F^2`. For large `tau ||Gc||_F^2` it grows like
   `(55 / theta_55) tau ||Gc||_F^2 / 2`: `2.8 tau ||Gc||_F^2` in float64 (theta_55 = 9.87),
   `2.1 tau ||Gc||_F^2` in float32 (theta_55 = 13.36).
-* gram: `1 + max(1/2, n / 16) + 9 n^2 / (32 D)` (`gram.gram_matvec_equivalents`): the product
-  forming `K` reads `Gc` once and only becomes compute-bound for n above 8.
+* gram (`gram.gram_matvec_equivalents`; operators may give their own fixed part): for
+  `n <= D`, `1 + max(1/2, n / 16)`, the product forming `K` reading `Gc` once and only becoming
+  compute-bound for n above 8; for `D < n`, `max(1/2, D / 16)` for `Gc^T Gc`; plus
+  `3 m min(n, D)^2 / (16 n D)` for `m` Lanczos steps, planned here from `tau ||Gc||_F^2` (the
+  method itself plans from a tighter bound, so it spends at most that many).
 
 A pure flop count (`4 n D` per product, `2 n^2 D` for `K`) would charge the Gram method `n / 2`
 products and favour the Taylor method far too long: on a 2-core CPU in float32 (n = 32,

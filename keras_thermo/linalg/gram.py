@@ -114,8 +114,8 @@ def gram_matvec_equivalents(n: Any, d: Any, krylov_steps: Any = 0) -> tf.Tensor:
         krylov_steps: Lanczos steps (a number or a tensor).
 
     Example:
-        >>> float(gram_matvec_equivalents(32, 10**6))  # 1 + 1 for K + ~0 for no Lanczos step
-        2.0
+        >>> float(gram_matvec_equivalents(32, 10**6))  # 1 + 2 for K (64 > 16 flops per element)
+        3.0
     """
     n64 = tf.cast(n, tf.float64)
     d64 = tf.cast(d, tf.float64)

@@ -6,11 +6,11 @@ The Gram method of the mCCAdL C step needs `f(A) b` with
 
 where `A` is the `n x n` Gram matrix `Gc Gc^T` (or the `D x D` matrix `Gc^T Gc` when `D < n`)
 and `b` a block of a few columns. Instead of an eigendecomposition of `A` (`O(dim^3)` per step),
-`m` Lanczos steps build an orthonormal basis `Q_m` of the Krylov space `span{b, A b, ...,
-A^(m-1) b}` and the tridiagonal `T_m = Q_m^T A Q_m`; then `f(A) b ~ ||b|| Q_m f(T_m) e_1`, with
-`f(T_m)` from the eigendecomposition of the `m x m` tridiagonal only. Everything runs in
-float64, with full reorthogonalisation (so the basis stays orthonormal to rounding and the
-exact-arithmetic bound below applies).
+`m` Lanczos steps build a basis `Q_m` of the Krylov space `span{b, A b, ..., A^(m-1) b}` and
+the tridiagonal `T_m = Q_m^T A Q_m` (three-term recurrence, float64); then
+`f(A) b ~ ||b|| Q_m f(T_m) e_1`, with `f(T_m)` from the eigendecomposition of the `m x m`
+tridiagonal only. When the plan below asks for the whole space (`m >= dim`: tiny matrices, or
+`tau rho_b` beyond the table) the eigendecomposition of `A` itself is used instead.
 
 Number of steps (a priori, from a bound `rho_b >= lambda_max(A)`). The Lanczos approximation is
 exact for polynomials of degree `< m`, and the eigenvalues of `T_m` lie in `[0, rho_b]`, so
@@ -30,18 +30,25 @@ the result by `Gc^T` (or starts from `b = Gc^T Gc v`), which costs at most anoth
 
     eps_m(tau rho_b) = 8 int_0^(tau rho_b / 2) P_m(x) dx   times ||v||.
 
+In floating point the Lanczos vectors lose orthogonality once Ritz values converge, but the
+approximation of `f(A) b` still obeys the same bound with the interval widened by a few
+rounding units (Druskin, Greenbaum & Knizhnerman 1998, "Using nonorthogonal Lanczos vectors in
+the computation of matrix functions", SIAM J. Sci. Comput. 19(1); Musco, Musco & Sidford 2018,
+"Stability of the Lanczos method for matrix function approximation", SODA), so no
+reorthogonalisation is needed; the rounding of the float64 process adds ~dim u64 ||f|| ||b||.
+
 `KRYLOV_REACH_SINGLE` / `_DOUBLE` tabulate, for m = 1, 2, ..., the largest `tau rho_b` with
 `eps_m <= u` (the unit roundoff of float32 / float64); `krylov_reach` recomputes any entry.
 About 15 steps cover `tau rho_b = 10` in float32, 23 in float64; the count grows like
-`sqrt(tau rho_b)`. Beyond the table the whole space is used (`dim` steps: exact).
+`sqrt(tau rho_b)`.
 
 Example:
     >>> import numpy as np
-    >>> a = tf.constant(np.diag([0.0, 1.0, 4.0]))
-    >>> result = filter_action(a, tf.constant(np.ones((3, 1))), tf.constant(0.5, tf.float64),
-    ...                        tf.constant(3))
+    >>> a = tf.constant(np.diag([0.0, 1.0, 4.0, 4.0]))   # 3 distinct eigenvalues: 3 steps
+    >>> result, steps = filter_action(a, tf.constant(np.ones((4, 1))),
+    ...                               tf.constant(0.5, tf.float64), tf.constant(3))
     >>> np.round(result.numpy().ravel(), 6).tolist()  # f(l) = (exp(-l/2) - 1) / l
-    [-0.5, -0.393469, -0.216166]
+    [-0.5, -0.393469, -0.216166, -0.216166]
 """
 
 from __future__ import annotations
@@ -147,7 +154,7 @@ def krylov_reach(steps: int, tol: float) -> float:
 
     Example:
         >>> krylov_reach(15, 2.0**-24)
-        10.63
+        10.62
     """
     upper = steps * steps / 8.0 + 4.0
     while True:
@@ -262,51 +269,103 @@ def filter_action(
 # more general trace, whose dynamic slicing XLA cannot compile.
 @tf.function(autograph=False)
 def _filter_action(matrix, block, tau, steps, capacity):
-    if capacity is None:
-        capacity = tf.shape(matrix)[0]
-    columns = tf.transpose(block)[:, tf.newaxis, :]  # [k, 1, dim]: every column at once
-    norms = tf.norm(columns, axis=2, keepdims=True)
-    start = tf.math.divide_no_nan(columns, norms)
+    size = tf.shape(matrix)[0] if capacity is None else capacity
+    return tf.cond(
+        steps >= size,
+        lambda: (_filter_by_eigh(matrix, block, tau), tf.convert_to_tensor(size, tf.int32)),
+        lambda: _filter_by_lanczos(matrix, block, tau, steps, capacity),
+    )
+
+
+def _filter_by_eigh(matrix: tf.Tensor, block: tf.Tensor, tau: tf.Tensor) -> tf.Tensor:
+    """`f(matrix) block` through the eigendecomposition: when the plan needs the whole space."""
+    eigenvalues, eigenvectors = tf.linalg.eigh(matrix)
+    projected = tf.matmul(eigenvectors, block, transpose_a=True)
+    return tf.matmul(eigenvectors, gram_filter(eigenvalues, tau)[:, tf.newaxis] * projected)
+
+
+def _filter_by_lanczos(matrix, block, tau, steps, capacity):
+    """The Lanczos process (three-term recurrence, no reorthogonalisation) for every column."""
+    dim = tf.shape(matrix)[0] if capacity is None else capacity
+    columns = tf.transpose(block)  # [k, dim]
+    width = columns.shape[0]
+    static = capacity is not None and width is not None
+    norms = tf.norm(columns, axis=1)
+    start = tf.math.divide_no_nan(columns, norms[:, tf.newaxis])
     # A residual this small means the Krylov space is invariant up to rounding (which leaves
     # residuals of ~sqrt(dim) u ||A||): stop the column rather than normalise rounding noise.
-    breakdown = tf.cast(capacity, tf.float64) * DOUBLE_TOLERANCE * spectral_bound(matrix)
-    basis = tf.pad(start, [[0, 0], [0, capacity - 1], [0, 0]])  # [k, capacity, dim]
+    breakdown = tf.cast(dim, tf.float64) * DOUBLE_TOLERANCE * spectral_bound(matrix)
 
-    def keep_going(step, current, basis):
+    def array(shape):
+        # Unwritten entries read as zeros (fully defined element shape), in graph mode and XLA.
+        return tf.TensorArray(tf.float64, size=dim, element_shape=shape)
+
+    def keep_going(step, current, previous, coupling, vectors, diagonal, off_diagonal):
         return tf.logical_and(step < steps, tf.reduce_any(tf.not_equal(current, 0.0)))
 
-    def lanczos_step(step, current, basis):
+    def lanczos_step(step, current, previous, coupling, vectors, diagonal, off_diagonal):
         residual = tf.matmul(current, matrix)  # (A q_j)^T, A symmetric
-        for _ in range(2):
-            residual -= tf.matmul(tf.matmul(residual, basis, transpose_b=True), basis)
-        beta = tf.norm(residual, axis=2, keepdims=True)
-        following = tf.where(beta > breakdown, tf.math.divide_no_nan(residual, beta), 0.0)
-        # Slot step + 1 is still zero; one_hot is all zeros past the last slot.
-        slot = tf.one_hot(step + 1, capacity, dtype=tf.float64)[:, tf.newaxis]
-        return step + 1, following, basis + slot * following
+        alpha = tf.reduce_sum(residual * current, axis=1)
+        residual -= alpha[:, tf.newaxis] * current + coupling[:, tf.newaxis] * previous
+        beta = tf.norm(residual, axis=1)
+        beta = tf.where(beta > breakdown, beta, tf.zeros_like(beta))
+        following = tf.math.divide_no_nan(residual, beta[:, tf.newaxis])
+        return (
+            step + 1,
+            following,
+            current,
+            beta,
+            vectors.write(step, current),
+            diagonal.write(step, alpha),
+            off_diagonal.write(step, beta),
+        )
 
-    steps_taken, _, basis = tf.while_loop(
-        keep_going, lanczos_step, (tf.constant(0), start, basis)
+    steps_taken, _, _, _, vectors, diagonal, off_diagonal = tf.while_loop(
+        keep_going,
+        lanczos_step,
+        (
+            tf.constant(0),
+            start,
+            tf.zeros_like(start),
+            tf.zeros_like(norms),
+            array(columns.shape),
+            array(norms.shape),
+            array(norms.shape),
+        ),
     )
-    # The basis holds steps_taken + 1 vectors (the last residual's direction too): project on all.
-    needed = tf.minimum(tf.maximum(steps_taken, 1) + 1, capacity)
+    needed = tf.maximum(steps_taken, 1)
 
-    def project(size):
-        vectors = basis[:, :size, :]
-        projected = tf.matmul(tf.matmul(vectors, matrix), vectors, transpose_b=True)
-        eigenvalues, eigenvectors = tf.linalg.eigh(0.5 * (projected + tf.linalg.matrix_transpose(projected)))
-        # f(l_j) (e_1 . w_j), [k, 1, size]
-        weights = gram_filter(eigenvalues, tau)[:, tf.newaxis, :] * eigenvectors[:, :1, :]
-        coefficients = tf.matmul(weights, eigenvectors, transpose_b=True)  # (f(T) e_1)^T
-        return tf.matmul(coefficients, vectors)  # [k, 1, dim]
+    def combine(size, vectors, diagonal, off_diagonal):
+        # T_m padded with zeros to `size`: the padding is a separate block that e_1 never sees.
+        diagonal = tf.transpose(diagonal)  # [k, size]
+        off_diagonal = tf.where(
+            tf.range(size - 1) < needed - 1, tf.transpose(off_diagonal[: size - 1]), 0.0
+        )
+        tridiagonal = (
+            tf.linalg.diag(diagonal)
+            + tf.linalg.diag(off_diagonal, k=1)
+            + tf.linalg.diag(off_diagonal, k=-1)
+        )
+        eigenvalues, eigenvectors = tf.linalg.eigh(tridiagonal)
+        weights = gram_filter(eigenvalues, tau) * eigenvectors[:, 0, :]  # f(l_j) (e_1 . w_j)
+        coefficients = tf.linalg.matvec(eigenvectors, weights)  # f(T) e_1, [k, size]
+        return tf.einsum("ks,skd->kd", coefficients, vectors)
 
-    if isinstance(capacity, int):
-        sizes = _bucket_sizes(capacity)
+    if static:
+        all_vectors, all_diagonal, all_off = vectors.stack(), diagonal.stack(), off_diagonal.stack()
+
+        def bucket(size):
+            return combine(size, all_vectors[:size], all_diagonal[:size], all_off[:size])
+
+        sizes = _bucket_sizes(dim)
         if len(sizes) == 1:
-            combined = project(sizes[0])
+            combined = bucket(sizes[0])
         else:
-            bucket = tf.searchsorted(tf.constant(sizes), needed[tf.newaxis], side="left")[0]
-            combined = tf.switch_case(bucket, [functools.partial(project, size) for size in sizes])
-    else:  # size unknown at trace time: slice to what is needed (graph mode only, not XLA)
-        combined = project(needed)
-    return tf.transpose((norms * combined)[:, 0, :]), steps_taken
+            index = tf.searchsorted(tf.constant(sizes), needed[tf.newaxis], side="left")[0]
+            combined = tf.switch_case(index, [functools.partial(bucket, size) for size in sizes])
+    else:  # shapes unknown at trace time: read what was written (graph mode only, not XLA)
+        written = tf.range(needed)
+        combined = combine(
+            needed, vectors.gather(written), diagonal.gather(written), off_diagonal.gather(written)
+        )
+    return tf.transpose(norms[:, tf.newaxis] * combined), steps_taken
