@@ -176,12 +176,12 @@ def test_methods_agree_with_each_other_and_on_blocks(dtype):
 
 
 def test_dispatcher_matches_the_method_it_names():
-    n, d = 20, 200
+    n, d = 40, 200  # forming K costs 2.5 products: the dispatcher bounds rho by ||Gc||_F^2
     gc = centered_low_rank(3, n, d, 0.8)
     v = np.random.default_rng(3).standard_normal(d)
     rho = largest_gram_eigenvalue(gc)
     # Taylor needs a single product (tau ||Gc||_F^2 / 2 <= theta_1 = 2.2e-16) only at tiny tau;
-    # the Gram method costs ~2.3 products here.
+    # the Gram method costs ~3.5 products here.
     for tau_rho, expected_code in ((1e-17, TAYLOR), (100.0, GRAM)):
         tau = tau_rho / rho
         result, matvecs, code = expm_action(gc, v, tau)
@@ -192,6 +192,37 @@ def test_dispatcher_matches_the_method_it_names():
         assert int(matvecs) == int(expected_matvecs)
         for method, method_code in (("taylor", TAYLOR), ("gram", GRAM)):
             assert int(expm_action(gc, v, tau, method=method)[2]) == method_code
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_auto_forms_a_cheap_small_matrix_first(dtype):
+    """Where K costs at most 1.5 products (n = 10: 0.625) the dispatcher forms it first, bounds
+    rho by its trace, Frobenius norm and Gershgorin bound instead of a pass for ||Gc||_F^2, and
+    charges it to both methods: the Gram branch reuses it (same work as the Gram method alone),
+    the Taylor branch reports it on top of its products."""
+    n, d = 10, 200
+    gc = centered_low_rank(4, n, d, 1.0).astype(dtype)  # flat: ||Gc||_F^2 = 9 rho
+    v = np.random.default_rng(4).standard_normal(d).astype(dtype)
+    rho = largest_gram_eigenvalue(gc)
+    bound = spectral_bound_numpy(gc.astype(np.float64) @ gc.astype(np.float64).T)
+    assert bound < 0.5 * float(np.sum(gc.astype(np.float64) ** 2))
+    thetas = taylor_module.theta_table(UNIT_ROUNDOFF[dtype])
+    for tau_rho in (1e-20, 1e-3, 1.0, 100.0):
+        tau = tau_rho / rho
+        result, matvecs, code = expm_action(gc, v, tau)
+        degree, scaling = planned_steps(tau * bound, thetas)
+        steps = planned_krylov_steps(tau * bound, n, dtype)
+        use_gram = gram_work(n, d, steps) < max(0.5, n / 16) + degree * scaling
+        assert int(code) == (GRAM if use_gram else TAYLOR), tau_rho
+        if use_gram:
+            assert int(matvecs) == int(expm_action_gram(gc, v, tau)[1])
+        else:
+            # The early exit may stop the Taylor sum early, but every step spends a product.
+            assert scaling + 1 <= int(matvecs) <= degree * scaling + 1
+        reference = scipy_reference(gc, v, tau)[0]
+        rho_bound = rho if use_gram else bound
+        assert np.linalg.norm(result.numpy() - reference) <= error_bound(dtype, tau, rho_bound, rho, v)
+    assert int(expm_action(gc, v, 1e-20 / rho)[2]) == TAYLOR
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

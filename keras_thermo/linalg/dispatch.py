@@ -31,6 +31,10 @@ import tensorflow as tf
 
 from keras_thermo.linalg import _operands, gram, krylov, taylor
 
+#: `"auto"` forms the Gram method's small matrix before choosing when that costs at most this
+#: many products with `S` (the pass for `||Gc||_F^2` it replaces costs 1/2): the Dense-factor
+#: operators (~1.2) and dense matrices with n <= 24 rows.
+SMALL_MATRIX_FIRST_COST = 1.5
 #: Method codes returned by `expm_action`.
 TAYLOR = 0
 GRAM = 1
@@ -84,6 +88,10 @@ def expm_action(
         operands = _operands.prepare_operands(gc, v, tau)
         result, matvecs = gram.run_gram(operands)
         code = GRAM
+    elif method == "auto" and _forms_small_matrix_first(gc):
+        operands, result, matvecs, code = _auto_with_small_matrix(
+            gc, v, tau, tol, max_degree, rho_bound
+        )
     else:
         operands, plan, tol = taylor.prepare_taylor(gc, v, tau, tol, max_degree, rho_bound)
         if method == "taylor":
@@ -109,3 +117,49 @@ def expm_action(
         matvecs,
         tf.convert_to_tensor(code, tf.int32),
     )
+
+
+def _forms_small_matrix_first(gc: Any) -> bool:
+    """Whether `"auto"` forms the Gram method's small matrix before choosing (see
+    `_auto_with_small_matrix`): when that costs at most `SMALL_MATRIX_FIRST_COST` products and
+    the space (`K` or `Gc^T Gc`) is known at trace time."""
+    cost = gram.small_matrix_cost(_operands.as_operator(gc))
+    if cost is None:
+        return False
+    static = tf.get_static_value(cost)
+    return static is not None and float(static) <= SMALL_MATRIX_FIRST_COST
+
+
+def _auto_with_small_matrix(gc, v, tau, tol, max_degree, rho_bound):
+    """`"auto"` with the small matrix formed first.
+
+    Its bound on `lambda_max` (`krylov.spectral_bound`: trace, Frobenius norm, Gershgorin) then
+    replaces the pass for `||Gc||_F^2` (the trace of `K`) and is tighter, which shortens the
+    Taylor plan too; the matrix is reused if the Gram method is chosen. Both costs include
+    forming it, so the choice compares the Taylor products `m * s` with the rest of the Gram
+    method.
+    """
+    rows = _operands.as_operator(gc)
+    small = gram.small_matrix(rows)
+    bound = tf.cast(krylov.spectral_bound(small), rows.dtype)
+    if rho_bound is not None:
+        checked = _operands.check_non_negative_scalar(rho_bound, "rho_bound", rows.dtype)
+        bound = tf.minimum(bound, checked)
+    operands, plan, tol = taylor.prepare_taylor(rows, v, tau, tol, max_degree, bound)
+    steps = krylov.krylov_steps(
+        tf.cast(operands.tau, tf.float64) * tf.cast(bound, tf.float64),
+        gram.krylov_dimension(rows),
+        krylov.reach_table(rows.dtype),
+    )
+    small_cost = gram.small_matrix_cost(rows)
+    use_gram = gram.gram_method_cost(rows, steps) < small_cost + plan.predicted_matvecs
+    result, matvecs = tf.cond(
+        use_gram,
+        lambda: gram.run_gram(operands, small),
+        lambda: taylor.run_taylor(operands, plan, tol, max_degree),
+    )
+    # The Taylor branch also spent the small matrix.
+    matvecs = tf.where(
+        use_gram, matvecs, matvecs + tf.cast(tf.math.ceil(small_cost), tf.int32)
+    )
+    return operands, result, matvecs, tf.where(use_gram, GRAM, TAYLOR)

@@ -131,6 +131,32 @@ def _krylov_cost(n: tf.Tensor, d: tf.Tensor, dim: tf.Tensor, steps: Any) -> tf.T
     return flops / (2.0 * n * d * MACHINE_BALANCE)
 
 
+def small_matrix_cost(rows: CenteredRows) -> tf.Tensor | None:
+    """Products with `S` spent forming the small matrix (`K`, or `M` when `D < n`); None when
+    the space is only known at run time.
+
+    In the row space this is the fixed cost less the product for `Gc v` and `Gc^T z`.
+    """
+    n, d = _operands.matrix_shape(rows)
+    columns = works_in_columns(n, d)
+    if not isinstance(columns, bool):
+        return None
+    n64, d64 = tf.cast(n, tf.float64), tf.cast(d, tf.float64)
+    if columns:
+        return _column_space_fixed_cost(n64, d64, dense=isinstance(rows, MatrixRows))
+    row_cost = rows.gram_method_cost()
+    row_cost = _row_space_fixed_cost(n64, d64) if row_cost is None else tf.cast(row_cost, tf.float64)
+    return row_cost - 1.0
+
+
+def small_matrix(rows: CenteredRows) -> tf.Tensor:
+    """The matrix the Gram method works with, in float64: `K = Gc Gc^T`, or `M = Gc^T Gc` when
+    `works_in_columns` says so (which must be static here)."""
+    n, d = _operands.matrix_shape(rows)
+    columns = works_in_columns(n, d)
+    return tf.cast(column_gram_matrix(rows) if columns else rows.gram(), tf.float64)
+
+
 def gram_method_cost(rows: CenteredRows, krylov_steps: Any = 0) -> tf.Tensor:
     """The Gram method's time in products with `S` for the operator `rows` (float64 scalar).
 
@@ -182,20 +208,25 @@ def _filtered(matrix: tf.Tensor, block: tf.Tensor, tau: tf.Tensor, dtype: tf.DTy
     return tf.where(finite, result, tf.constant(float("nan"), tf.float64)), steps_taken
 
 
-def run_gram(operands: _operands.Operands) -> tuple[tf.Tensor, tf.Tensor]:
-    """The Gram method on checked operands; returns `([D, k] block, matvec equivalents)`."""
+def run_gram(
+    operands: _operands.Operands, small: tf.Tensor | None = None
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """The Gram method on checked operands; returns `([D, k] block, matvec equivalents)`.
+
+    `small`: the float64 matrix of `small_matrix(gc)` if the caller has formed it already.
+    """
     gc, v, tau = operands.gc, operands.v, operands.tau
     tau64 = tf.cast(tau, tf.float64)
     n, d = _operands.matrix_shape(gc)
 
     def in_rows():
-        gram = tf.cast(gc.gram(), tf.float64)
+        gram = tf.cast(gc.gram(), tf.float64) if small is None else small
         projected = tf.cast(gc.matvec(v), tf.float64)
         coefficients, steps = _filtered(gram, projected, tau64, v.dtype, n)
         return v + gc.rmatvec(tf.cast(coefficients, v.dtype)), steps
 
     def in_columns():
-        gram = tf.cast(column_gram_matrix(gc), tf.float64)
+        gram = tf.cast(column_gram_matrix(gc), tf.float64) if small is None else small
         applied = tf.matmul(gram, tf.cast(v, tf.float64))
         correction, steps = _filtered(gram, applied, tau64, v.dtype, d)
         return v + tf.cast(correction, v.dtype), steps
