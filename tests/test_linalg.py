@@ -199,21 +199,24 @@ def test_auto_forms_a_cheap_small_matrix_first(dtype):
     """Where K costs at most 1.5 products (n = 10: 0.625) the dispatcher forms it first, bounds
     rho by its trace, Frobenius norm and Gershgorin bound instead of a pass for ||Gc||_F^2, and
     charges it to both methods: the Gram branch reuses it (same work as the Gram method alone),
-    the Taylor branch reports it on top of its products."""
-    n, d = 10, 200
+    the Taylor branch reports it on top of its products. (D = 12: 10 Lanczos steps would cost
+    1.6 products, so the choice is made at run time.)"""
+    n, d = 10, 12
     gc = centered_low_rank(4, n, d, 1.0).astype(dtype)  # flat: ||Gc||_F^2 = 9 rho
     v = np.random.default_rng(4).standard_normal(d).astype(dtype)
     rho = largest_gram_eigenvalue(gc)
     bound = spectral_bound_numpy(gc.astype(np.float64) @ gc.astype(np.float64).T)
     assert bound < 0.5 * float(np.sum(gc.astype(np.float64) ** 2))
     thetas = taylor_module.theta_table(UNIT_ROUNDOFF[dtype])
-    for tau_rho in (1e-20, 1e-3, 1.0, 100.0):
+    codes = []
+    for tau_rho in (1e-20, 1e-6, 1e-3, 1.0, 100.0):
         tau = tau_rho / rho
         result, matvecs, code = expm_action(gc, v, tau)
         degree, scaling = planned_steps(tau * bound, thetas)
         steps = planned_krylov_steps(tau * bound, n, dtype)
         use_gram = gram_work(n, d, steps) < max(0.5, n / 16) + degree * scaling
         assert int(code) == (GRAM if use_gram else TAYLOR), tau_rho
+        codes.append(int(code))
         if use_gram:
             assert int(matvecs) == int(expm_action_gram(gc, v, tau)[1])
         else:
@@ -222,7 +225,20 @@ def test_auto_forms_a_cheap_small_matrix_first(dtype):
         reference = scipy_reference(gc, v, tau)[0]
         rho_bound = rho if use_gram else bound
         assert np.linalg.norm(result.numpy() - reference) <= error_bound(dtype, tau, rho_bound, rho, v)
-    assert int(expm_action(gc, v, 1e-20 / rho)[2]) == TAYLOR
+    assert codes[0] == TAYLOR and codes[-1] == GRAM
+
+
+def test_auto_takes_gram_outright_where_lanczos_steps_are_negligible():
+    """n = 10, D = 200: K costs 0.625 products and even 10 Lanczos steps only 0.09, so the Gram
+    method is within 0.1 product of the best Taylor plan at any tau: no run-time choice."""
+    n, d = 10, 200
+    gc = centered_low_rank(4, n, d, 1.0)
+    v = np.random.default_rng(4).standard_normal(d)
+    for tau in (1e-25, 1e-3, 10.0):
+        result, matvecs, code = expm_action(gc, v, tau)
+        expected, expected_matvecs = expm_action_gram(gc, v, tau)
+        assert int(code) == GRAM and int(matvecs) == int(expected_matvecs)
+        np.testing.assert_array_equal(result.numpy(), expected.numpy())
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
