@@ -234,11 +234,13 @@ def test_auto_takes_gram_outright_where_lanczos_steps_are_negligible():
     n, d = 10, 200
     gc = centered_low_rank(4, n, d, 1.0)
     v = np.random.default_rng(4).standard_normal(d)
+    traced = tf.function(lambda tau: expm_action(gc, v, tau))  # the costs are static there too
     for tau in (1e-25, 1e-3, 10.0):
         result, matvecs, code = expm_action(gc, v, tau)
         expected, expected_matvecs = expm_action_gram(gc, v, tau)
         assert int(code) == GRAM and int(matvecs) == int(expected_matvecs)
         np.testing.assert_array_equal(result.numpy(), expected.numpy())
+        assert int(traced(tf.constant(tau, tf.float64))[2]) == GRAM
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

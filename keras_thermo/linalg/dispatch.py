@@ -126,9 +126,15 @@ def expm_action(
     )
 
 
-def _static_float(value: Any) -> float | None:
-    static = tf.get_static_value(value) if value is not None else None
-    return None if static is None else float(static)
+def _static_float(compute) -> float | None:
+    """`compute()` as a Python float, evaluated eagerly even while tracing (the cost models are
+    arithmetic on static sizes); None if it needs a value known only at run time."""
+    try:
+        with tf.init_scope():
+            value = compute()
+            return None if value is None else float(value)
+    except (TypeError, ValueError, tf.errors.OpError):
+        return None
 
 
 def _gram_within_a_product_of_any_taylor_plan(gc: Any) -> bool:
@@ -146,7 +152,9 @@ def _gram_within_a_product_of_any_taylor_plan(gc: Any) -> bool:
         return False
     rows = _operands.as_operator(gc)
     dimension = gram.krylov_dimension(rows)
-    most = _static_float(gram.gram_method_cost(rows, dimension) - gram.gram_method_cost(rows, 0))
+    most = _static_float(
+        lambda: gram.gram_method_cost(rows, dimension) - gram.gram_method_cost(rows, 0)
+    )
     return most is not None and most <= GRAM_WITHOUT_CHOICE_MARGIN
 
 
@@ -154,7 +162,8 @@ def _forms_small_matrix_first(gc: Any) -> bool:
     """Whether `"auto"` forms the Gram method's small matrix before choosing (see
     `_auto_with_small_matrix`): when that costs at most `SMALL_MATRIX_FIRST_COST` products and
     the space (`K` or `Gc^T Gc`) is known at trace time."""
-    cost = _static_float(gram.small_matrix_cost(_operands.as_operator(gc)))
+    rows = _operands.as_operator(gc)
+    cost = _static_float(lambda: gram.small_matrix_cost(rows))
     return cost is not None and cost <= SMALL_MATRIX_FIRST_COST
 
 
