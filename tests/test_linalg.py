@@ -241,6 +241,27 @@ def test_auto_takes_gram_outright_where_lanczos_steps_are_negligible():
         assert int(code) == GRAM and int(matvecs) == int(expected_matvecs)
         np.testing.assert_array_equal(result.numpy(), expected.numpy())
         assert int(traced(tf.constant(tau, tf.float64))[2]) == GRAM
+    # Decided in Python while tracing, also for an operator with its own cost estimate captured
+    # by an autograph-converted function (as in a train step): a graph conditional made of the
+    # decision would lose the static shape of the result.
+    import keras  # noqa: PLC0415
+
+    from keras_thermo.dense_gradients import dense_layer_gradients  # noqa: PLC0415
+
+    keras.utils.set_random_seed(4)
+    net = keras.Sequential([keras.Input((20,)), keras.layers.Dense(30, activation="tanh"),
+                            keras.layers.Dense(3)])
+    inputs = np.random.default_rng(4).standard_normal((16, 20)).astype(np.float32)
+    labels = np.arange(16) % 3
+    operator = dense_layer_gradients(
+        net, keras.losses.SparseCategoricalCrossentropy(from_logits=True), inputs, labels
+    ).covariance_factor()
+    from keras_thermo.samplers.mccadl import covariance_step  # noqa: PLC0415
+
+    momentum = [tf.ones_like(variable) for variable in net.trainable_variables]
+    step = tf.function(lambda p: covariance_step(p, operator, 0.1, "auto"))
+    new_momentum, _, code = step(momentum)  # unflatten needs the static shape
+    assert int(code) == GRAM and [m.shape for m in new_momentum] == [m.shape for m in momentum]
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

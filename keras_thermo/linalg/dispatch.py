@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from keras_thermo.linalg import _operands, gram, krylov, taylor
@@ -126,17 +127,21 @@ def expm_action(
     )
 
 
+# Python-level decisions at trace time: autograph must not turn them into graph conditionals.
+@tf.autograph.experimental.do_not_convert
 def _static_float(compute) -> float | None:
     """`compute()` as a Python float, evaluated eagerly even while tracing (the cost models are
     arithmetic on static sizes); None if it needs a value known only at run time."""
     try:
         with tf.init_scope():
             value = compute()
-            return None if value is None else float(value)
+            return None if value is None else float(np.asarray(value))
     except (TypeError, ValueError, tf.errors.OpError):
         return None
 
 
+# Python-level decisions at trace time: autograph must not turn them into graph conditionals.
+@tf.autograph.experimental.do_not_convert
 def _gram_within_a_product_of_any_taylor_plan(gc: Any) -> bool:
     """Whether `"auto"` takes the Gram method without a run-time choice.
 
@@ -158,6 +163,8 @@ def _gram_within_a_product_of_any_taylor_plan(gc: Any) -> bool:
     return most is not None and most <= GRAM_WITHOUT_CHOICE_MARGIN
 
 
+# Python-level decisions at trace time: autograph must not turn them into graph conditionals.
+@tf.autograph.experimental.do_not_convert
 def _forms_small_matrix_first(gc: Any) -> bool:
     """Whether `"auto"` forms the Gram method's small matrix before choosing (see
     `_auto_with_small_matrix`): when that costs at most `SMALL_MATRIX_FIRST_COST` products and
