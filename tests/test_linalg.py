@@ -241,9 +241,15 @@ def test_auto_takes_gram_outright_where_lanczos_steps_are_negligible():
         assert int(code) == GRAM and int(matvecs) == int(expected_matvecs)
         np.testing.assert_array_equal(result.numpy(), expected.numpy())
         assert int(traced(tf.constant(tau, tf.float64))[2]) == GRAM
-    # Decided in Python while tracing, also for an operator with its own cost estimate captured
-    # by an autograph-converted function (as in a train step): a graph conditional made of the
-    # decision would lose the static shape of the result.
+
+
+# Slow (~10 s: a Keras net and a traced C step). The default suite covers the same path through
+# test_ccadl_mccadl's mCCAdL fits on Dense networks, whose train steps autograph traces.
+@pytest.mark.slow
+def test_auto_decides_in_python_inside_an_autograph_traced_c_step():
+    """Decided in Python while tracing, for Dense-factor operators (own cost estimate) captured
+    by an autograph-converted function, as in a train step: a graph conditional made of the
+    decision would lose the static shape of the result (`unflatten` needs it)."""
     import keras  # noqa: PLC0415
 
     from keras_thermo.dense_gradients import dense_layer_gradients  # noqa: PLC0415
