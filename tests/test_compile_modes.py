@@ -151,7 +151,8 @@ def test_steps_per_execution_under_xla_takes_every_step(name, per_example_method
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "TensorFlow 2.21's XLA lowering of stateless_normal gives other numbers than the CPU kernel "
+    "TensorFlow 2.21's XLA lowering of the stateless Philox generator (stateless_uniform, which "
+    "the normal draws transform) gives other numbers than the CPU kernel "
     "for the same key, so runs with and without jit_compile draw different noise"))
 def test_xla_draws_the_graph_kernels_noise():
     key = kt_random.step_key(7, tf.constant(3, tf.int64), kt_random.STREAM_MOMENTUM)

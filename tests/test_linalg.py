@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.integrate
 import scipy.linalg
 import scipy.sparse.linalg
+import scipy.special
 import tensorflow as tf
 
 from keras_thermo.linalg import (
@@ -41,6 +43,8 @@ from keras_thermo.linalg import (
     expm_action_taylor,
     gram_matrix,
 )
+from keras_thermo.linalg import gram as gram_module
+from keras_thermo.linalg import krylov
 from keras_thermo.linalg import taylor as taylor_module
 
 UNIT_ROUNDOFF = {np.float32: 2.0**-24, np.float64: 2.0**-53}
@@ -48,14 +52,15 @@ ERROR_CONSTANT = 4.0
 TAU_RHO_VALUES = (1e-4, 1e-2, 1.0, 10.0, 100.0)
 # (n, D, singular-value decay): decaying spectra (||Gc||_F^2 within a small factor of rho, as
 # for per-example gradients dominated by a few directions) and flat ones (||Gc||_F^2 = (n-1) rho,
-# the worst case for the Frobenius bound).
-SHAPES = ((5, 30, 0.5), (5, 200, 1.0), (20, 30, 0.8), (20, 200, 1.0))
+# the worst case for the Frobenius bound); the last two have more rows than columns (the Gram
+# method then works with the D x D matrix Gc^T Gc).
+SHAPES = ((5, 30, 0.5), (5, 200, 1.0), (20, 30, 0.8), (20, 200, 1.0), (40, 12, 0.8), (60, 20, 1.0))
 
 
 def centered_low_rank(seed: int, n: int, d: int, decay: float) -> np.ndarray:
-    """An [n, d] matrix with rows summing to 0 (rank n-1) and singular values decay^i."""
+    """An [n, d] matrix with rows summing to 0 (rank min(n-1, d)) and singular values decay^i."""
     rng = np.random.default_rng(seed)
-    rank = n - 1
+    rank = min(n - 1, d)
     # Orthonormal columns orthogonal to (1, ..., 1): the rows of the product then sum to 0.
     with_ones = np.hstack([np.ones((n, 1)), rng.standard_normal((n, rank))])
     left = np.linalg.qr(with_ones)[0][:, 1:]
@@ -162,20 +167,22 @@ def test_methods_agree_with_each_other_and_on_blocks(dtype):
         by_taylor = expm_action_taylor(gc, identity, tau)[0].numpy().astype(np.float64)
         by_gram = expm_action_gram(gc, identity, tau)[0].numpy().astype(np.float64)
         reference = scipy.linalg.expm(-tau * gc.astype(np.float64).T @ gc.astype(np.float64))
-        # Column j is the action on e_j (||e_j|| = 1); the Frobenius norm sums d columns.
-        taylor_bound = np.sqrt(d) * error_bound(dtype, tau, frobenius, rho, identity[:, 0])
-        gram_bound = np.sqrt(d) * error_bound(dtype, tau, rho, rho, identity[:, 0])
-        assert np.linalg.norm(by_taylor - reference) <= taylor_bound
-        assert np.linalg.norm(by_gram - reference) <= gram_bound
-        assert np.linalg.norm(by_taylor - by_gram) <= taylor_bound + gram_bound
+        # Column j is the action on e_j (||e_j|| = 1): each column is held to the bound.
+        taylor_bound = error_bound(dtype, tau, frobenius, rho, identity[:, 0])
+        gram_bound = error_bound(dtype, tau, rho, rho, identity[:, 0])
+        assert np.linalg.norm(by_taylor - reference, axis=0).max() <= taylor_bound
+        assert np.linalg.norm(by_gram - reference, axis=0).max() <= gram_bound
+        assert np.linalg.norm(by_taylor - by_gram, axis=0).max() <= taylor_bound + gram_bound
 
 
 def test_dispatcher_matches_the_method_it_names():
-    n, d = 20, 200
+    n, d = 40, 200  # forming K costs 2.5 products: the dispatcher bounds rho by ||Gc||_F^2
     gc = centered_low_rank(3, n, d, 0.8)
     v = np.random.default_rng(3).standard_normal(d)
     rho = largest_gram_eigenvalue(gc)
-    for tau_rho, expected_code in ((1e-10, TAYLOR), (100.0, GRAM)):
+    # Taylor needs a single product (tau ||Gc||_F^2 / 2 <= theta_1 = 2.2e-16) only at tiny tau;
+    # the Gram method costs ~3.5 products here.
+    for tau_rho, expected_code in ((1e-17, TAYLOR), (100.0, GRAM)):
         tau = tau_rho / rho
         result, matvecs, code = expm_action(gc, v, tau)
         assert int(code) == expected_code
@@ -185,6 +192,82 @@ def test_dispatcher_matches_the_method_it_names():
         assert int(matvecs) == int(expected_matvecs)
         for method, method_code in (("taylor", TAYLOR), ("gram", GRAM)):
             assert int(expm_action(gc, v, tau, method=method)[2]) == method_code
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_auto_forms_a_cheap_small_matrix_first(dtype):
+    """Where K costs at most 1.5 products (n = 10: 0.625) the dispatcher forms it first, bounds
+    rho by its trace, Frobenius norm and Gershgorin bound instead of a pass for ||Gc||_F^2, and
+    charges it to both methods: the Gram branch reuses it (same work as the Gram method alone),
+    the Taylor branch reports it on top of its products. (D = 12: 10 Lanczos steps would cost
+    1.6 products, so the choice is made at run time.)"""
+    n, d = 10, 12
+    gc = centered_low_rank(4, n, d, 1.0).astype(dtype)  # flat: ||Gc||_F^2 = 9 rho
+    v = np.random.default_rng(4).standard_normal(d).astype(dtype)
+    rho = largest_gram_eigenvalue(gc)
+    bound = spectral_bound_numpy(gc.astype(np.float64) @ gc.astype(np.float64).T)
+    assert bound < 0.5 * float(np.sum(gc.astype(np.float64) ** 2))
+    thetas = taylor_module.theta_table(UNIT_ROUNDOFF[dtype])
+    codes = []
+    for tau_rho in (1e-20, 1e-6, 1e-3, 1.0, 100.0):
+        tau = tau_rho / rho
+        result, matvecs, code = expm_action(gc, v, tau)
+        degree, scaling = planned_steps(tau * bound, thetas)
+        steps = planned_krylov_steps(tau * bound, n, dtype)
+        use_gram = gram_work(n, d, steps) < max(0.5, n / 16) + degree * scaling
+        assert int(code) == (GRAM if use_gram else TAYLOR), tau_rho
+        codes.append(int(code))
+        if use_gram:
+            assert int(matvecs) == int(expm_action_gram(gc, v, tau)[1])
+        else:
+            # The early exit may stop the Taylor sum early, but every step spends a product.
+            assert scaling + 1 <= int(matvecs) <= degree * scaling + 1
+        reference = scipy_reference(gc, v, tau)[0]
+        rho_bound = rho if use_gram else bound
+        assert np.linalg.norm(result.numpy() - reference) <= error_bound(dtype, tau, rho_bound, rho, v)
+    assert codes[0] == TAYLOR and codes[-1] == GRAM
+
+
+def test_auto_takes_gram_outright_where_lanczos_steps_are_negligible():
+    """n = 10, D = 200: K costs 0.625 products and even 10 Lanczos steps only 0.09, so the Gram
+    method is within 0.1 product of the best Taylor plan at any tau: no run-time choice."""
+    n, d = 10, 200
+    gc = centered_low_rank(4, n, d, 1.0)
+    v = np.random.default_rng(4).standard_normal(d)
+    traced = tf.function(lambda tau: expm_action(gc, v, tau))  # the costs are static there too
+    for tau in (1e-25, 1e-3, 10.0):
+        result, matvecs, code = expm_action(gc, v, tau)
+        expected, expected_matvecs = expm_action_gram(gc, v, tau)
+        assert int(code) == GRAM and int(matvecs) == int(expected_matvecs)
+        np.testing.assert_array_equal(result.numpy(), expected.numpy())
+        assert int(traced(tf.constant(tau, tf.float64))[2]) == GRAM
+
+
+# Slow (~10 s: a Keras net and a traced C step). The default suite covers the same path through
+# test_ccadl_mccadl's mCCAdL fits on Dense networks, whose train steps autograph traces.
+@pytest.mark.slow
+def test_auto_decides_in_python_inside_an_autograph_traced_c_step():
+    """Decided in Python while tracing, for Dense-factor operators (own cost estimate) captured
+    by an autograph-converted function, as in a train step: a graph conditional made of the
+    decision would lose the static shape of the result (`unflatten` needs it)."""
+    import keras  # noqa: PLC0415
+
+    from keras_thermo.dense_gradients import dense_layer_gradients  # noqa: PLC0415
+
+    keras.utils.set_random_seed(4)
+    net = keras.Sequential([keras.Input((20,)), keras.layers.Dense(30, activation="tanh"),
+                            keras.layers.Dense(3)])
+    inputs = np.random.default_rng(4).standard_normal((16, 20)).astype(np.float32)
+    labels = np.arange(16) % 3
+    operator = dense_layer_gradients(
+        net, keras.losses.SparseCategoricalCrossentropy(from_logits=True), inputs, labels
+    ).covariance_factor()
+    from keras_thermo.samplers.mccadl import covariance_step  # noqa: PLC0415
+
+    momentum = [tf.ones_like(variable) for variable in net.trainable_variables]
+    step = tf.function(lambda p: covariance_step(p, operator, 0.1, "auto"))
+    new_momentum, _, code = step(momentum)  # unflatten needs the static shape
+    assert int(code) == GRAM and [m.shape for m in new_momentum] == [m.shape for m in momentum]
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -202,7 +285,9 @@ def test_auto_switches_to_gram_where_taylor_is_costlier(dtype, n):
         tau = dtype(tau_frobenius / frobenius)
         code = int(expm_action(gc, v, tau)[2])
         degree, scaling = planned_steps(float(tau) * frobenius, thetas)
-        assert (code == GRAM) == (gram_work(n, d) < degree * scaling + 0.5), tau_frobenius
+        # The dispatcher plans the Lanczos steps from the Taylor method's bound ||Gc||_F^2.
+        steps = planned_krylov_steps(float(tau) * frobenius, n, dtype)
+        assert (code == GRAM) == (gram_work(n, d, steps) < degree * scaling + 0.5), tau_frobenius
         codes.append(code)
     assert codes == sorted(codes) and codes[0] == TAYLOR and codes[-1] == GRAM
 
@@ -252,17 +337,40 @@ def test_early_exit_stops_when_the_terms_vanish():
     assert int(expm_action_taylor(gc, generic, tau, rho_bound=rho_bound)[1]) >= 15
 
 
-def gram_work(n: int, d: int) -> float:
-    """The documented time model of the Gram method, in products with S."""
-    return 1 + max(0.5, n / 16) + 9 * n**2 / (32 * d)
+def gram_work(n: int, d: int, steps: int) -> float:
+    """The documented time model of the Gram method for a dense matrix, in products with S:
+    rows (n <= D): 1 + max(1/2, n / 16) for the products and K; columns (D < n): max(1/2, D / 16)
+    for M; plus 6 dim^2 flops per Lanczos step at 2 n D 16 flops per product."""
+    dim = min(n, d)
+    fixed = max(0.5, d / 16) if d < n else 1 + max(0.5, n / 16)
+    return fixed + 6 * steps * dim**2 / (2 * n * d * 16)
+
+
+def planned_krylov_steps(tau_rho_bound: float, dim: int, dtype) -> int:
+    """Independent numpy version of the Lanczos plan: the fewest steps whose reach covers
+    tau * rho_bound, the whole space beyond the table."""
+    table = krylov.KRYLOV_REACH_SINGLE if dtype == np.float32 else krylov.KRYLOV_REACH_DOUBLE
+    covering = [m for m, reach in enumerate(table, start=1) if reach >= tau_rho_bound]
+    return min(covering[0] if covering else dim, dim)
+
+
+def spectral_bound_numpy(matrix: np.ndarray) -> float:
+    """min(trace, Frobenius norm, largest absolute row sum): each bounds lambda_max of a PSD matrix."""
+    return min(np.trace(matrix), np.linalg.norm(matrix), np.abs(matrix).sum(axis=1).max())
 
 
 def test_gram_matvecs_follow_the_documented_convention():
-    for n, d in ((20, 200), (5, 30), (64, 100)):
+    for n, d in ((20, 200), (5, 30), (64, 100), (500, 100)):
         gc = centered_low_rank(9, n, d, 0.8)
-        expected = int(np.ceil(gram_work(n, d)))
-        assert int(expm_action_gram(gc, np.ones(d), 0.1)[1]) == expected
-        assert int(expm_action_gram(gc, np.ones((d, 4)), 0.1)[1]) == expected
+        small = gc @ gc.T if n <= d else gc.T @ gc
+        planned = planned_krylov_steps(0.1 * spectral_bound_numpy(small), min(n, d), np.float64)
+        # The Lanczos loop may stop before the plan once the Krylov space is exhausted.
+        possible = {int(np.ceil(gram_work(n, d, steps))) for steps in range(1, planned + 1)}
+        assert int(expm_action_gram(gc, np.ones(d), 0.1)[1]) in possible
+        assert int(expm_action_gram(gc, np.ones((d, 4)), 0.1)[1]) in possible
+    # n = 500 > D = 100 works with the 100 x 100 matrix: 6.25 products, not the 16.6 that forming
+    # the 500 x 500 one would take.
+    assert int(expm_action_gram(gc, np.ones(d), 0.1)[1]) == 7
 
 
 def test_gram_matrix_is_gc_gc_transpose():
@@ -334,6 +442,123 @@ def test_non_finite_input_propagates(method):
     gc[2, 3] = np.nan
     result = expm_action(gc, np.ones(30), 0.1, method=method)[0]
     assert np.isnan(result.numpy()).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# The Lanczos evaluation inside the Gram method
+
+
+def krylov_error_by_scipy(steps: int, tau_rho_bound: float) -> float:
+    """eps_m(t) = 8 int_0^(t/2) sum_(k >= m) exp(-x) I_k(x) dx, by scipy (ive, quad)."""
+
+    def tail(x: float) -> float:
+        # Terms beyond x + 12 sqrt(x) + 60 are below 1e-30 of the largest.
+        orders = np.arange(steps, steps + int(x + 12.0 * np.sqrt(x)) + 60)
+        return float(scipy.special.ive(orders, x).sum())
+
+    integral, _ = scipy.integrate.quad(tail, 0.0, tau_rho_bound / 2.0, epsabs=0.0, epsrel=1e-9,
+                                       limit=200)
+    return 8.0 * integral
+
+
+def test_krylov_reach_tables_match_their_generator():
+    for steps in (1, 2, 3, 8, 15, 40):
+        assert krylov.KRYLOV_REACH_SINGLE[steps - 1] == krylov.krylov_reach(steps, 2.0**-24)
+        assert krylov.KRYLOV_REACH_DOUBLE[steps - 1] == krylov.krylov_reach(steps, 2.0**-53)
+
+
+@pytest.mark.parametrize("steps", [1, 4, 15, 40, 100])
+def test_krylov_reach_is_the_largest_tau_rho_within_the_tolerance(steps):
+    """Independently of the generator's recurrence and grid: at the tabulated reach the bound is
+    within the unit roundoff, 2% beyond it is not (the table is tight, not merely safe)."""
+    for table, tol in ((krylov.KRYLOV_REACH_SINGLE, 2.0**-24), (krylov.KRYLOV_REACH_DOUBLE, 2.0**-53)):
+        reach = table[steps - 1]
+        assert krylov_error_by_scipy(steps, reach) <= tol, (steps, tol)
+        assert krylov_error_by_scipy(steps, 1.02 * reach) > tol, (steps, tol)
+
+
+def spread_spectrum_matrix(seed: int, dim: int, rho: float) -> np.ndarray:
+    """A symmetric PSD matrix with eigenvalues spread evenly over [0, rho]: no cluster for the
+    Krylov space to exploit (the hard case for a polynomial approximation)."""
+    basis = np.linalg.qr(np.random.default_rng(seed).standard_normal((dim, dim)))[0]
+    return (basis * np.linspace(0.0, rho, dim)) @ basis.T
+
+
+def exact_filter(matrix: np.ndarray, block: np.ndarray, tau: float) -> np.ndarray:
+    """f(matrix) block by numpy's eigh, f(l) = expm1(-tau l) / l (f(0) = -tau)."""
+    eigenvalues, vectors = np.linalg.eigh(matrix)
+    eigenvalues = np.maximum(eigenvalues, 0.0)
+    safe = np.where(eigenvalues > 0, eigenvalues, 1.0)
+    values = np.where(eigenvalues > 0, np.expm1(-tau * safe) / safe, -tau)
+    return vectors @ (values[:, None] * (vectors.T @ block))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_planned_lanczos_steps_are_needed(dtype):
+    """The Lanczos error bound is ||f(A) b - y_m|| <= eps_m ||b|| / rho_b (eps_m <= u for the
+    planned m), plus the float64 rounding of the process, ~dim u64 ||f|| ||b|| with ||f|| <= tau.
+    With the planned steps the computed result meets it; with half as many it misses it by
+    orders of magnitude, so a plan that stopped well short would fail the accuracy tests above.
+    (On this spectrum the plan keeps a margin of 3 to 5 steps in float32: the bound is not
+    tight for it.)"""
+    dim, rho = 80, 1.0
+    matrix = spread_spectrum_matrix(5, dim, rho)
+    block = np.random.default_rng(5).standard_normal((dim, 2))
+    norms = np.linalg.norm(block, axis=0)
+    table = krylov.reach_table(tf.as_dtype(dtype))
+    for tau_rho in (1.0, 30.0, 100.0):
+        tau = tau_rho / rho
+        planned = int(krylov.krylov_steps(tf.constant(tau_rho, tf.float64), dim, table))
+        assert planned == planned_krylov_steps(tau_rho, dim, dtype) and planned < dim
+        exact = exact_filter(matrix, block, tau)
+        bound = UNIT_ROUNDOFF[dtype] * norms / rho + dim * 2.0**-53 * tau * norms
+        errors = {}
+        for steps in (planned, planned // 2):
+            result, taken = krylov.filter_action(
+                tf.constant(matrix), tf.constant(block), tf.constant(tau, tf.float64), tf.constant(steps)
+            )
+            assert int(taken) == steps
+            errors[steps] = np.linalg.norm(result.numpy() - exact, axis=0)
+        assert np.all(errors[planned] <= bound), (tau_rho, errors, bound)
+        assert np.all(errors[planned // 2] > 100 * bound), (tau_rho, errors, bound)
+
+
+def test_lanczos_stops_when_the_krylov_space_is_exhausted():
+    """A rank-3 matrix: after 3 steps from a vector in its range (4 with a null component) the
+    residual vanishes, so the loop stops there, not at the 40 steps asked for, with the exact
+    result. (Asked for the whole space, 50 steps, the method uses the eigendecomposition.)"""
+    rng = np.random.default_rng(8)
+    factor = rng.standard_normal((50, 3))
+    matrix = factor @ factor.T
+    in_range = factor @ rng.standard_normal((3, 1))
+    general = rng.standard_normal((50, 1))
+    for block, most in ((in_range, 3), (general, 4)):
+        result, taken = krylov.filter_action(
+            tf.constant(matrix), tf.constant(block), tf.constant(0.7, tf.float64), tf.constant(40)
+        )
+        assert int(taken) <= most
+        exact = exact_filter(matrix, block, 0.7)
+        assert np.linalg.norm(result.numpy() - exact) <= 64 * 2.0**-53 * 0.7 * np.linalg.norm(block)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_more_examples_than_parameters_matches_scipy(dtype):
+    """The mCCAdL paper's regression shape (n = 500 examples, D = 100 parameters): the Gram
+    method works with the 100 x 100 matrix Gc^T Gc."""
+    n, d = 500, 100
+    gc = centered_low_rank(17, n, d, 0.97).astype(dtype)
+    v = np.random.default_rng(17).standard_normal(d).astype(dtype)
+    rho = largest_gram_eigenvalue(gc)
+    for tau_rho in (1e-2, 1.0, 100.0):  # the whole range runs on smaller shapes (SHAPES)
+        tau = tau_rho / rho
+        result, matvecs = expm_action_gram(gc, v, tau)
+        # 6.25 products for M plus the Lanczos steps; forming the 500 x 500 K alone takes 31.
+        assert gram_module.works_in_columns(n, d) and int(matvecs) <= 10
+        by_expm, by_expm_multiply = scipy_reference(gc, v, tau)
+        bound = error_bound(dtype, tau, rho, rho, v)
+        for reference in (by_expm, by_expm_multiply):
+            error = np.linalg.norm(result.numpy().astype(np.float64) - reference)
+            assert error <= bound, (tau_rho, error, bound)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -548,13 +773,13 @@ def test_operator_operands_match_scipy(dtype, method):
 
 
 def test_operator_with_unknown_rows_in_a_traced_function():
-    """n unknown at trace time (num_rows a tensor); traced once for two batch sizes."""
+    """n unknown at trace time (num_rows a tensor); traced once for three batch sizes."""
     traces = []
 
     @tf.function(
         input_signature=(
-            tf.TensorSpec([None, 12], tf.float64),
-            tf.TensorSpec([40, 12], tf.float64),
+            tf.TensorSpec([None, 40], tf.float64),
+            tf.TensorSpec([40, 40], tf.float64),
             tf.TensorSpec([], tf.float64),
         )
     )
@@ -562,11 +787,12 @@ def test_operator_with_unknown_rows_in_a_traced_function():
         traces.append(None)
         return expm_action(FactoredRows(left, right), tf.ones([40], tf.float64), tau)
 
-    for n in (12, 7):
+    # n = 60 > D = 40: the Gram method works with the D x D matrix (chosen at run time).
+    for n in (12, 7, 60):
         operator, gc = factored(40 + n, n, 40, 0.7, np.float64)
-        # n-column factors, padded with zero columns to the traced width 12 (same product).
+        # rank-column factors, padded with zero columns to the traced width 40 (same product).
         left, right = (
-            np.pad(factor.numpy(), ((0, 0), (0, 12 - factor.shape[1])))
+            np.pad(factor.numpy(), ((0, 0), (0, 40 - factor.shape[1])))
             for factor in (operator.left, operator.right)
         )
         rho = largest_gram_eigenvalue(gc)

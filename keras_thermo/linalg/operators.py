@@ -88,10 +88,12 @@ class CenteredRows(abc.ABC):
         """`||Gc||_F^2 = tr(Gc Gc^T)`, a scalar of `dtype`."""
 
     def gram_method_cost(self) -> tf.Tensor | None:
-        """Time of the Gram method in products with `S = -tau Gc^T Gc` (float64 scalar), for
-        `expm_action(method="auto")`; None (the default) means "as for a dense `[n, D]` matrix"
-        (`keras_thermo.linalg.gram.gram_matvec_equivalents`). Representations whose Gram
-        matrix is cheap relative to a product override it."""
+        """Time of the Gram method's fixed work in the row space, in products with
+        `S = -tau Gc^T Gc` (float64 scalar): `Gc v`, `Gc^T z` and forming `Gc Gc^T` (its Lanczos
+        steps are added by `keras_thermo.linalg.gram.gram_method_cost`), for
+        `expm_action(method="auto")` and the `matvecs` count; None (the default) means "as for
+        a dense `[n, D]` matrix" (`keras_thermo.linalg.gram.gram_matvec_equivalents`).
+        Representations whose Gram matrix is cheap relative to a product override it."""
         return None
 
     @abc.abstractmethod

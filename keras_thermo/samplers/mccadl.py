@@ -163,8 +163,9 @@ class MCCAdL(ThermostatSampler):
         thermal_mass: mu > 0; default `Nd`, the number of trainable scalars.
         mass: Scalar mass M > 0.
         expm: How the C step applies the matrix exponential: `"taylor"` (scaled Taylor series of
-            Al-Mohy & Higham, the paper's method), `"gram"` (exact, through the `n x n` Gram
-            matrix) or `"auto"` (the cheaper of the two for each step).
+            Al-Mohy & Higham, the paper's method), `"gram"` (exact to rounding, through the
+            smaller of the `n x n` and `Nd x Nd` Gram matrices, by Lanczos steps) or `"auto"`
+            (the cheaper of the two for each step).
         preconditioner: None, `"layerwise"` (exact after its warm-up), `"rmsprop"` (approximate)
             or a `preconditioning.Preconditioner`: the mass becomes `M diag(m)`.
 

@@ -1,0 +1,99 @@
+"""Tests of keras_thermo.random: step-keyed standard normal draws.
+
+The distribution checks use 2^18 draws and five-standard-error bounds on statistics whose
+standard errors are known in closed form for N(0, 1) (mean: 1/sqrt(n); variance: sqrt(2/n);
+fourth moment: sqrt(96/n), since E z^8 - (E z^4)^2 = 105 - 9), plus a Kolmogorov-Smirnov test;
+`test_the_checks_reject_a_wrong_distribution` shows each check failing on a slightly wrong one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.stats
+import tensorflow as tf
+
+from keras_thermo import random as kt_random
+
+COUNT = 2**18
+BOUND = 5.0  # standard errors
+
+
+def _key(step: int = 0, stream: int = kt_random.STREAM_MOMENTUM, seed: int = 0) -> tf.Tensor:
+    return kt_random.step_key(seed, tf.constant(step, tf.int64), stream)
+
+
+def normal_checks(draws: np.ndarray) -> dict[str, bool]:
+    """Which of the N(0, 1) checks `draws` passes."""
+    z = draws.astype(np.float64)
+    n = z.size
+    return {
+        "mean": abs(z.mean()) <= BOUND / np.sqrt(n),
+        "variance": abs(z.var() - 1.0) <= BOUND * np.sqrt(2.0 / n),
+        "fourth_moment": abs(np.mean(z**4) - 3.0) <= BOUND * np.sqrt(96.0 / n),
+        "kolmogorov_smirnov": scipy.stats.kstest(z, "norm").pvalue >= 1e-5,
+    }
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+def test_draws_are_standard_normal(dtype):
+    draws = kt_random.standard_normal(_key(), COUNT, dtype)
+    assert draws.dtype == dtype and draws.shape == (COUNT,)
+    assert all(normal_checks(draws.numpy()).values()), normal_checks(draws.numpy())
+    # The two halves (cosines and sines of the same pairs) are independent normals too.
+    halves = draws.numpy().reshape(2, -1).astype(np.float64)
+    correlation = np.corrcoef(halves)[0, 1]
+    assert abs(correlation) <= BOUND / np.sqrt(COUNT / 2)
+    assert abs(np.corrcoef(halves[0] ** 2, halves[1] ** 2)[0, 1]) <= BOUND / np.sqrt(COUNT / 2)
+
+
+def test_the_checks_reject_a_wrong_distribution():
+    draws = kt_random.standard_normal(_key(), COUNT).numpy().astype(np.float64)
+    assert not normal_checks(1.01 * draws)["variance"]
+    assert not normal_checks(draws + 0.02)["mean"]
+    uniform = np.random.default_rng(0).uniform(-np.sqrt(3.0), np.sqrt(3.0), COUNT)  # mean 0, var 1
+    assert not normal_checks(uniform)["fourth_moment"]
+    assert not normal_checks(uniform)["kolmogorov_smirnov"]
+
+
+def test_draws_are_a_pure_function_of_seed_step_and_stream():
+    like = [tf.zeros([300, 7]), tf.zeros([7])]
+    first = kt_random.normal_like(_key(step=5), like)
+    again = tf.function(kt_random.normal_like)(_key(step=5), like)
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    others = [_key(step=6), _key(stream=kt_random.STREAM_MOMENTUM_2), _key(seed=1)]
+    flat = np.concatenate([d.numpy().ravel() for d in first])
+    for key in others:
+        other = np.concatenate([d.numpy().ravel() for d in kt_random.normal_like(key, like)])
+        assert abs(np.corrcoef(flat, other)[0, 1]) <= BOUND / np.sqrt(flat.size)
+
+
+def test_normal_like_splits_one_draw_in_order():
+    like = [tf.zeros([3, 4], tf.float32), tf.Variable(tf.zeros([5])), tf.zeros([], tf.float32)]
+    draws = kt_random.normal_like(_key(), like)
+    assert [d.shape for d in draws] == [(3, 4), (5,), ()]
+    assert all(d.dtype == tf.float32 for d in draws)
+    flat = np.concatenate([d.numpy().ravel() for d in draws])
+    np.testing.assert_array_equal(flat, kt_random.standard_normal(_key(), 18).numpy())
+    # An odd count draws the same pairs as the next even count and drops the last sine.
+    np.testing.assert_array_equal(kt_random.standard_normal(_key(), 17).numpy(), flat[:17])
+
+
+def test_normal_like_draws_float64_for_float64_tensors():
+    draws = kt_random.normal_like(_key(), [tf.zeros([4], tf.float64), tf.zeros([2], tf.float32)])
+    assert [d.dtype for d in draws] == [tf.float64, tf.float32]
+    flat = kt_random.standard_normal(_key(), 6, tf.float64).numpy()
+    np.testing.assert_array_equal(draws[0].numpy(), flat[:4])
+    np.testing.assert_array_equal(draws[1].numpy(), flat[4:].astype(np.float32))
+
+
+def test_unknown_shapes_in_a_traced_function():
+    @tf.function(input_signature=[tf.TensorSpec([None, 3])])
+    def draw(like):
+        return kt_random.normal_like(_key(), [like, tf.zeros([2])])
+
+    first, second = draw(tf.zeros([5, 3]))
+    assert first.shape == (5, 3) and second.shape == (2,)
+    expected = kt_random.standard_normal(_key(), 17).numpy()
+    np.testing.assert_array_equal(np.concatenate([first.numpy().ravel(), second.numpy()]), expected)
