@@ -118,7 +118,7 @@ def warm_up(net: str, temperature: float, epochs: int, seed: int = 0) -> list:
 
 def run(net: str, sampler: str, temperature: float, *, epochs: int | None = None, seed: int = 0,
         check_temperature: float | None = None, step_size: float | None = None,
-        warm_up_epochs: int = 0, min_variable_size: int = 100) -> dict:
+        warm_up_epochs: int = 0, min_variable_size: int = 100, rtol: float = 0.0) -> dict:
     """One run from the warm-up state (`warm_up`); returns the check's report with the settings
     and the wall time. `step_size` overrides the sampler's."""
     weights = warm_up(net, temperature, warm_up_epochs, seed)
@@ -133,7 +133,7 @@ def run(net: str, sampler: str, temperature: float, *, epochs: int | None = None
     )
     model.compile(loss=_loss(), steps_per_execution=29)
     check = kt.callbacks.EquilibrationCheck(
-        block_steps=BLOCK_STEPS, min_blocks=10, rtol=0.0, warn=False, temperature=check_temperature,
+        block_steps=BLOCK_STEPS, min_blocks=10, rtol=rtol, warn=False, temperature=check_temperature,
         min_variable_size=min_variable_size,
     )
     epochs = epochs or EPOCHS[sampler]
