@@ -13,9 +13,11 @@ every step; on small networks that draw is most of what they add to SGD. For eac
   - `kernel_per_variable`: `tf.random.stateless_normal` once per variable, each with its own
     folded key: the draw of `keras_thermo.random.normal_like` before it was replaced;
   - `kernel_fused`: one `stateless_normal` of Nd values, split per variable;
+  - `box_muller_fused`: one Philox uniform draw, vectorised Box-Muller, split per variable
+    (`box_muller_normal`; measured, not adopted: see `keras_thermo.random.normal_like`);
   - `library_normal_like`: `keras_thermo.random.normal_like`, whatever the installed version
-    does (since it was replaced: one Philox uniform draw, vectorised Box-Muller, split per
-    variable; before: as `kernel_per_variable`);
+    does (the recorded noise_draw.json ran while it was `box_muller_fused`; now it is
+    `kernel_per_variable`);
 * with `--samplers`, SGLD, SGHMC and SGNHT through `fit` (their whole step).
 
 Each is reported in ms per step and as the median over repetitions of its ratio to the SGD step
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -41,7 +44,7 @@ import tensorflow as tf
 from benchmarks import step_cost
 from keras_thermo import random as kt_random
 
-DRAW_METHODS = ("kernel_per_variable", "kernel_fused", "library_normal_like")
+DRAW_METHODS = ("kernel_per_variable", "kernel_fused", "box_muller_fused", "library_normal_like")
 SAMPLERS = ("sgld", "sghmc", "sgnht")
 
 
@@ -63,12 +66,48 @@ def kernel_fused(key: tf.Tensor, variables) -> list[tf.Tensor]:
     return [tf.reshape(piece, variable.shape) for piece, variable in zip(tf.split(flat, sizes), variables)]
 
 
+def box_muller_normal(key: tf.Tensor, count, dtype: tf.DType = tf.float32) -> tf.Tensor:
+    """`count` i.i.d. N(0, 1) draws `[count]` from the stateless key `key`.
+
+    Box-Muller (Box & Muller 1958, "A note on the generation of random normal deviates", Ann.
+    Math. Stat. 29(2)): from uniforms `u1, u2` on `[0, 1)`, `r = sqrt(-2 log(1 - u1))` and
+    `theta = 2 pi u2` give the independent normals `r cos(theta)` and `r sin(theta)`. The first
+    half of the result holds the cosines, the second the sines (`sin(theta) =
+    cos(theta - pi/2)`, so one `cos` covers both). Uniforms have the resolution of `dtype`
+    (`2^-23` in float32, as for TensorFlow's own normal kernel, whose largest normal is then
+    `sqrt(-2 log(2^-23)) = 5.6`); `1 - u1` lies in `(0, 1]`, so the logarithm is finite.
+
+    Args:
+        key: a stateless key, e.g. from `step_key`.
+        count: number of draws (int or scalar int tensor).
+        dtype: float32 or float64.
+
+    Example:
+        >>> z = box_muller_normal(kt_random.step_key(0, tf.constant(0), kt_random.STREAM_INIT), 100_000)
+        >>> abs(float(tf.reduce_mean(z))) < 0.02, abs(float(tf.math.reduce_std(z)) - 1) < 0.02
+        (True, True)
+    """
+    pairs = (count + 1) // 2
+    uniform = tf.random.stateless_uniform(tf.stack([2, pairs]), seed=key, dtype=dtype)
+    radius = tf.sqrt(-2.0 * tf.math.log(1.0 - uniform[0]))
+    # Row 0: theta, row 1: theta - pi/2, so that one cos gives [cos(theta); sin(theta)].
+    angles = (2.0 * math.pi) * uniform[1] - tf.constant([[0.0], [0.5 * math.pi]], dtype)
+    return tf.reshape(radius * tf.cos(angles), [-1])[:count]
+
+
+def box_muller_fused(key: tf.Tensor, variables) -> list[tf.Tensor]:
+    """One `box_muller_normal` draw of all Nd values, split and reshaped per variable."""
+    sizes = [variable.shape.num_elements() for variable in variables]
+    flat = box_muller_normal(key, sum(sizes))
+    return [tf.reshape(piece, variable.shape) for piece, variable in zip(tf.split(flat, sizes), variables)]
+
+
 def library_normal_like(key: tf.Tensor, variables) -> list[tf.Tensor]:
     return kt_random.normal_like(key, variables)
 
 
 DRAWS = {"kernel_per_variable": kernel_per_variable, "kernel_fused": kernel_fused,
-         "library_normal_like": library_normal_like}
+         "box_muller_fused": box_muller_fused, "library_normal_like": library_normal_like}
 
 
 def draw_loop(method, variables, count: int, jit_compile: bool):

@@ -1,4 +1,5 @@
-"""Tests of keras_thermo.random: step-keyed standard normal draws.
+"""Tests of keras_thermo.random: step-keyed standard normal draws (and the fused Box-Muller draw
+that benchmarks/noise_draw.py measures against them).
 
 The distribution checks use 2^18 draws and five-standard-error bounds on statistics whose
 standard errors are known in closed form for N(0, 1) (mean: 1/sqrt(n); variance: sqrt(2/n);
@@ -13,6 +14,7 @@ import pytest
 import scipy.stats
 import tensorflow as tf
 
+from benchmarks.noise_draw import box_muller_normal
 from keras_thermo import random as kt_random
 
 COUNT = 2**18
@@ -37,18 +39,23 @@ def normal_checks(draws: np.ndarray) -> dict[str, bool]:
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
 def test_draws_are_standard_normal(dtype):
-    draws = kt_random.standard_normal(_key(), COUNT, dtype)
+    (draws,) = kt_random.normal_like(_key(), [tf.zeros([COUNT], dtype)])
     assert draws.dtype == dtype and draws.shape == (COUNT,)
+    assert all(normal_checks(draws.numpy()).values()), normal_checks(draws.numpy())
+
+
+def test_the_benchmarked_box_muller_draw_is_standard_normal():
+    draws = box_muller_normal(_key(), COUNT)
     assert all(normal_checks(draws.numpy()).values()), normal_checks(draws.numpy())
     # The two halves (cosines and sines of the same pairs) are independent normals too.
     halves = draws.numpy().reshape(2, -1).astype(np.float64)
-    correlation = np.corrcoef(halves)[0, 1]
-    assert abs(correlation) <= BOUND / np.sqrt(COUNT / 2)
+    assert abs(np.corrcoef(halves)[0, 1]) <= BOUND / np.sqrt(COUNT / 2)
     assert abs(np.corrcoef(halves[0] ** 2, halves[1] ** 2)[0, 1]) <= BOUND / np.sqrt(COUNT / 2)
 
 
 def test_the_checks_reject_a_wrong_distribution():
-    draws = kt_random.standard_normal(_key(), COUNT).numpy().astype(np.float64)
+    (draws,) = kt_random.normal_like(_key(), [tf.zeros([COUNT])])
+    draws = draws.numpy().astype(np.float64)
     assert not normal_checks(1.01 * draws)["variance"]
     assert not normal_checks(draws + 0.02)["mean"]
     uniform = np.random.default_rng(0).uniform(-np.sqrt(3.0), np.sqrt(3.0), COUNT)  # mean 0, var 1
@@ -69,23 +76,15 @@ def test_draws_are_a_pure_function_of_seed_step_and_stream():
         assert abs(np.corrcoef(flat, other)[0, 1]) <= BOUND / np.sqrt(flat.size)
 
 
-def test_normal_like_splits_one_draw_in_order():
-    like = [tf.zeros([3, 4], tf.float32), tf.Variable(tf.zeros([5])), tf.zeros([], tf.float32)]
+def test_each_tensor_gets_its_own_keyed_draw_in_its_dtype():
+    like = [tf.zeros([3, 4], tf.float32), tf.Variable(tf.zeros([5], tf.float64)), tf.zeros([], tf.float32)]
     draws = kt_random.normal_like(_key(), like)
     assert [d.shape for d in draws] == [(3, 4), (5,), ()]
-    assert all(d.dtype == tf.float32 for d in draws)
-    flat = np.concatenate([d.numpy().ravel() for d in draws])
-    np.testing.assert_array_equal(flat, kt_random.standard_normal(_key(), 18).numpy())
-    # An odd count draws the same pairs as the next even count and drops the last sine.
-    np.testing.assert_array_equal(kt_random.standard_normal(_key(), 17).numpy(), flat[:17])
-
-
-def test_normal_like_draws_float64_for_float64_tensors():
-    draws = kt_random.normal_like(_key(), [tf.zeros([4], tf.float64), tf.zeros([2], tf.float32)])
-    assert [d.dtype for d in draws] == [tf.float64, tf.float32]
-    flat = kt_random.standard_normal(_key(), 6, tf.float64).numpy()
-    np.testing.assert_array_equal(draws[0].numpy(), flat[:4])
-    np.testing.assert_array_equal(draws[1].numpy(), flat[4:].astype(np.float32))
+    assert [d.dtype for d in draws] == [tf.float32, tf.float64, tf.float32]
+    for index, (draw, tensor) in enumerate(zip(draws, like)):
+        key = tf.random.experimental.stateless_fold_in(_key(), index)
+        expected = tf.random.stateless_normal(tf.shape(tensor), seed=key, dtype=tensor.dtype)
+        np.testing.assert_array_equal(draw.numpy(), expected.numpy())
 
 
 def test_unknown_shapes_in_a_traced_function():
@@ -95,5 +94,5 @@ def test_unknown_shapes_in_a_traced_function():
 
     first, second = draw(tf.zeros([5, 3]))
     assert first.shape == (5, 3) and second.shape == (2,)
-    expected = kt_random.standard_normal(_key(), 17).numpy()
-    np.testing.assert_array_equal(np.concatenate([first.numpy().ravel(), second.numpy()]), expected)
+    eager = kt_random.normal_like(_key(), [tf.zeros([5, 3]), tf.zeros([2])])
+    np.testing.assert_array_equal(first.numpy(), eager[0].numpy())
