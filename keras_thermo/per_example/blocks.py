@@ -174,21 +174,35 @@ def explicit_gradients(inputs: tf.Tensor, deltas: tf.Tensor) -> tf.Tensor:
 
     Formed in chunks of examples when `n d p` (or the factors) would exceed `CHUNK_ENTRIES`.
     """
-    n = inputs.shape[0]
-    d, p, positions = int(inputs.shape[2]), int(deltas.shape[2]), int(inputs.shape[1])
+    n, positions = inputs.shape[0], inputs.shape[1]
+    d, p = int(inputs.shape[2]), int(deltas.shape[2])
 
     def one(a, delta):
         # Contract over positions as one batched matmul: [m, d, T] x [m, T, p].
         return tf.reshape(tf.matmul(a, delta, transpose_a=True), [-1, d * p])
 
-    per_example = max(d * p, positions * (d + p))
-    if n is None or n * per_example <= CHUNK_ENTRIES:
+    if positions is None:
         return one(inputs, deltas)
+    per_example = max(d * p, positions * (d + p))
     chunk = max(1, CHUNK_ENTRIES // per_example)
-    return tf.concat(
-        [one(inputs[start:start + chunk], deltas[start:start + chunk]) for start in range(0, n, chunk)],
-        axis=0,
+    if n is not None:
+        if n <= chunk:
+            return one(inputs, deltas)
+        return tf.concat(
+            [one(inputs[start:start + chunk], deltas[start:start + chunk]) for start in range(0, n, chunk)],
+            axis=0,
+        )
+    # Batch size known at run time only: pad to whole chunks and map over them.
+    count = tf.shape(inputs)[0]
+    padding = (-count) % chunk
+    inputs = tf.pad(inputs, [[0, padding], [0, 0], [0, 0]])
+    deltas = tf.pad(deltas, [[0, padding], [0, 0], [0, 0]])
+    chunked = tf.map_fn(
+        lambda pair: one(*pair),
+        (tf.reshape(inputs, [-1, chunk, positions, d]), tf.reshape(deltas, [-1, chunk, positions, p])),
+        fn_output_signature=inputs.dtype,
     )
+    return tf.reshape(chunked, [-1, d * p])[:count]
 
 
 class FactorBlock(ColumnBlock):
@@ -380,9 +394,9 @@ def factor_or_explicit(inputs: tf.Tensor, deltas: tf.Tensor, has_bias: bool) -> 
         >>> type(factor_or_explicit(tf.ones([8, 900, 27]), tf.ones([8, 900, 16]), True)).__name__
         'ExplicitBlock'
     """
-    positions, d, p = int(inputs.shape[1]), int(inputs.shape[2]), int(deltas.shape[2])
+    positions, d, p = inputs.shape[1], int(inputs.shape[2]), int(deltas.shape[2])
     n = inputs.shape[0]
-    if positions == 1 or (n is not None and n * positions * (d + p) < d * p):
+    if positions == 1 or (None not in (n, positions) and n * positions * (d + p) < d * p):
         return FactorBlock(inputs, deltas, has_bias)
     pieces = [explicit_gradients(inputs, deltas)]
     if has_bias:

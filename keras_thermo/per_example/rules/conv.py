@@ -43,6 +43,9 @@ def patches(layer, inputs: tf.Tensor) -> tf.Tensor:
     extracted = tf.image.extract_patches(
         images, sizes=[1, *sizes, 1], strides=[1, *strides, 1], rates=[1, *rates, 1], padding=padding
     )
+    pixels = extracted.shape[1:-1]
+    if pixels.is_fully_defined():
+        return tf.reshape(extracted, [-1, int(pixels.num_elements()), int(extracted.shape[-1])])
     return tf.reshape(extracted, [tf.shape(inputs)[0], -1, int(extracted.shape[-1])])
 
 

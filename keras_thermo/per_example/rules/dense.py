@@ -30,7 +30,10 @@ def unsupported_variant(layer) -> str | None:
 
 
 def positions_of(tensor: tf.Tensor) -> tf.Tensor:
-    """`[n, ..., c]` -> `[n, T, c]` (static `c`)."""
+    """`[n, ..., c]` -> `[n, T, c]` (static `c`; `T` static where the middle axes are)."""
+    middle = tensor.shape[1:-1]
+    if middle.is_fully_defined():
+        return tf.reshape(tensor, [-1, int(middle.num_elements()), int(tensor.shape[-1])])
     return tf.reshape(tensor, [tf.shape(tensor)[0], -1, int(tensor.shape[-1])])
 
 

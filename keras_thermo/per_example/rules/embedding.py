@@ -26,8 +26,7 @@ from keras_thermo.per_example.rules.dense import unsupported_variant
 def rows_over_present_tokens(ids: tf.Tensor, deltas: tf.Tensor, num_ids: int) -> tuple[tf.Tensor, tf.Tensor]:
     """`([n, U, dim] rows, [U] token ids)` from ids `[n, T]` and `deltas` `[n, T, dim]`.
 
-    `U = min(num_ids, n T)` when `n T` is static (slots beyond the distinct tokens are zero rows
-    with id 0), else the number of distinct tokens.
+    `U = min(num_ids, n T)` (slots beyond the distinct tokens are zero rows with id 0).
     """
     n = tf.shape(ids)[0]
     flat = tf.reshape(tf.cast(ids, tf.int32), [-1])
@@ -37,7 +36,8 @@ def rows_over_present_tokens(ids: tf.Tensor, deltas: tf.Tensor, num_ids: int) ->
     is_new = tf.concat([[True], sorted_ids[1:] != sorted_ids[:-1]], axis=0)
     sorted_slots = tf.cumsum(tf.cast(is_new, tf.int32)) - 1
     slots_of = tf.scatter_nd(order[:, tf.newaxis], sorted_slots, tf.shape(flat))
-    slots = min(num_ids, total) if total is not None else sorted_slots[-1] + 1
+    # Slots depend on shapes only, not on the ids, so XLA sees static sizes.
+    slots = min(num_ids, total) if total is not None else tf.minimum(num_ids, tf.size(flat))
     present = tf.maximum(tf.math.unsorted_segment_max(flat, slots_of, slots), 0)  # empty: id 0
     width = int(deltas.shape[-1])
     positions = tf.shape(flat)[0] // n
@@ -51,8 +51,10 @@ def rows_over_present_tokens(ids: tf.Tensor, deltas: tf.Tensor, num_ids: int) ->
 def _per_example(tensor: tf.Tensor, width: int | None = None) -> tf.Tensor:
     """`[n, ...]` -> `[n, T]` (or `[n, T, width]`), static where the shape is."""
     tail = [] if width is None else [width]
-    n = tensor.shape[0] if tensor.shape.is_fully_defined() else tf.shape(tensor)[0]
-    return tf.reshape(tensor, [n, -1, *tail])
+    middle = tensor.shape[1:] if width is None else tensor.shape[1:-1]
+    if middle.is_fully_defined():
+        return tf.reshape(tensor, [-1, int(middle.num_elements()), *tail])
+    return tf.reshape(tensor, [tf.shape(tensor)[0], -1, *tail])
 
 
 class EmbeddingRule(engine.LayerRule):
