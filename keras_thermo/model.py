@@ -13,6 +13,7 @@ capture it, and the noise is keyed by (seed, step), so a restored run continues 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
@@ -495,8 +496,13 @@ class BayesianModel(keras.Model):
         # Identity on one device; under tf.distribute it makes every replica see the global
         # batch's force, potential and noise statistics, so all replicas take the same step.
         cross = CrossReplica()
+        # The layer-rule engine records the potential's own forward pass (no second one).
+        recording = None
+        if self.sampler.needs_per_example_gradients and self.per_example_path in ("layers", "dense_layers"):
+            recording = kt_per_example.Recording(self.net)
         with tf.GradientTape() as tape:
-            potential, loss, y_pred = self.compute_potential(x, y, sample_weight)
+            with recording if recording is not None else contextlib.nullcontext():
+                potential, loss, y_pred = self.compute_potential(x, y, sample_weight)
         gradients = tape.gradient(potential, variables)
         force = [
             -tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v)
@@ -512,7 +518,7 @@ class BayesianModel(keras.Model):
 
         per_example = None
         if self.sampler.needs_per_example_gradients:
-            per_example = self._per_example_gradients(x, y, sample_weight, cross)
+            per_example = self._per_example_gradients(x, y, sample_weight, cross, recording, y_pred)
         context = kt_samplers.StepContext(
             temperature=tf.convert_to_tensor(self._temperature_variable),
             num_examples=self.likelihood_weight,
@@ -595,16 +601,11 @@ class BayesianModel(keras.Model):
             f"{reason}. Use 'auto' or 'vectorized'."
         )
 
-    def _per_example_gradients(self, x, y, sample_weight, cross):
+    def _per_example_gradients(self, x, y, sample_weight, cross, recording=None, y_pred=None):
         scale = self._example_loss_scale  # `loss_weights`: the rows are gradients of the batch loss
-        path = self.per_example_path
-        if path == "layers":
-            return kt_per_example.layer_statistics(
-                self.net, self.loss, x, y, sample_weight, cross_replica=cross, loss_scale=scale
-            )
-        if path == "dense_layers":
-            return kt_dense_gradients.dense_layer_gradients(
-                self.net, self.loss, x, y, sample_weight, cross_replica=cross, loss_scale=scale
+        if recording is not None:  # "layers" or "dense_layers": the engine on the recorded pass
+            return recording.statistics(
+                self.loss, y, y_pred, sample_weight, cross_replica=cross, loss_scale=scale
             )
         rows = kt_per_example.per_example_gradients(self.net, self.loss, x, y, sample_weight, loss_scale=scale)
         return kt_per_example.PerExampleGradients(tf.cast(rows, tf.float32), cross)

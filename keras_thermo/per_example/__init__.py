@@ -25,7 +25,7 @@ Example:
 """
 
 from keras_thermo.per_example.checks import check_per_example_compatible, stochastic_layers, stochastic_setting
-from keras_thermo.per_example.engine import LayerRule, incompatibility, layer_statistics, register, rule_for
+from keras_thermo.per_example.engine import LayerRule, Recording, incompatibility, layer_statistics, register, rule_for
 from keras_thermo.per_example.losses import PER_EXAMPLE_MEAN_REDUCTIONS, LossLike, example_loss
 from keras_thermo.per_example.statistics import (
     LayerRows,
@@ -43,6 +43,7 @@ __all__ = [
     "LayerRows",
     "LayerRule",
     "LayerStatistics",
+    "Recording",
     "LossLike",
     "PER_EXAMPLE_MEAN_REDUCTIONS",
     "PerExampleGradients",

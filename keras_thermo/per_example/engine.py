@@ -253,6 +253,124 @@ def _gather(records: list[dict[str, tf.Tensor]], cross) -> list[dict[str, tf.Ten
     return gathered
 
 
+class Recording:
+    """Records a forward pass of `net` for the engine: `with Recording(net): y_pred = net(x)`.
+
+    Inside the block the hooked layers record their calls (and a tape records the pass), so any
+    code that runs `net` once, for example a train step computing its loss and its own
+    gradients under another tape, shares that forward pass with the per-example statistics.
+    Afterwards `statistics(...)` (or `calls(...)`) runs the one backward pass they need.
+
+    Args:
+        net: a Keras model for which `incompatibility(net)` is None.
+
+    Raises:
+        ValueError: the engine does not apply to `net` (the reason).
+
+    Example:
+        >>> import keras, tensorflow as tf
+        >>> net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        >>> x, y = tf.random.normal([5, 3]), tf.zeros([5, 2])
+        >>> with Recording(net) as recording:
+        ...     y_pred = net(x, training=True)
+        >>> recording.statistics("mse", y, y_pred).diagonal_covariance().shape
+        TensorShape([8])
+    """
+
+    def __init__(self, net: keras.layers.Layer):
+        reason = incompatibility(net)
+        if reason is not None:
+            raise ValueError(f"layer_statistics: the per-example engine does not apply: {reason}.")
+        self._net = net
+        self._layers, _ = hooked_layers(net)
+        self._tape = tf.GradientTape(watch_accessed_variables=False)
+        self._hooks = _Hooks(self._layers, self._tape)
+        self._used = False
+
+    def __enter__(self) -> "Recording":
+        if self._used:
+            raise RuntimeError("Recording: a recording records one forward pass; create another.")
+        self._used = True
+        self._tape.__enter__()
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self._hooks.__exit__(*exc)
+        self._tape.__exit__(*exc)
+        return False
+
+    def calls(
+        self, loss_fn: losses.LossLike, y: Any, y_pred: Any, sample_weight: Any = None, *,
+        cross_replica: Any = None, loss_scale: float = 1.0,
+    ) -> list[tuple[keras.layers.Layer, LayerRule, list[dict[str, tf.Tensor]]]]:
+        """Per hooked layer, its rule and its calls' recorded tensors (global batch; floating
+        ones in float32; the gradient at a watched tensor under `d_<name>`). A hooked layer the
+        forward pass never called has no calls. Arguments as for `layer_statistics`."""
+        from keras_thermo._distribute import CrossReplica  # noqa: PLC0415 (tiny module)
+
+        loss_fn = losses.resolve_loss(loss_fn, "layer_statistics")
+        y, sample_weight = losses.check_targets(y, sample_weight, loss_fn, "layer_statistics")
+        cross = cross_replica if cross_replica is not None else CrossReplica()
+        for output in tf.nest.flatten(y_pred):
+            if getattr(output, "_keras_mask", None) is not None:
+                raise ValueError(
+                    f"layer_statistics: an output of model '{self._net.name}' carries a Keras mask; "
+                    "a masked loss is averaged over the valid entries of the whole batch, not per "
+                    "example. Apply the mask through `sample_weight` instead."
+                )
+        hooks = self._hooks
+        # Example i's loss depends only on row i of the outputs, so back-propagating the stacked
+        # per-example output gradients gives every example's Delta in one pass.
+        seeds = losses.output_gradients(loss_fn, y, y_pred, sample_weight, loss_scale)
+        watched = [(i, name) for i, (_, _, call) in enumerate(hooks.calls) for name in call.watched]
+        gradients = self._tape.gradient(
+            tf.nest.flatten(y_pred),
+            [hooks.calls[i][2].watched[name] for i, name in watched],
+            output_gradients=tf.nest.flatten(seeds),
+            unconnected_gradients=tf.UnconnectedGradients.ZERO,
+        )
+        records = [dict(call.saved) for _, _, call in hooks.calls]
+        for (i, name), gradient in zip(watched, gradients):
+            records[i]["d_" + name] = gradient
+        _check_rows(records, tf.nest.flatten(y_pred)[0], hooks.calls)
+        records = [
+            {k: tf.cast(t, tf.float32) if t.dtype.is_floating else t for k, t in record.items()}
+            for record in _gather(records, cross)
+        ]
+        calls_by_layer: dict[int, list] = {}
+        for (layer, _, _), record in zip(hooks.calls, records):
+            calls_by_layer.setdefault(id(layer), []).append(record)
+        return [(layer, rule, calls_by_layer.get(id(layer), [])) for layer, rule in self._layers]
+
+    def statistics(
+        self, loss_fn: losses.LossLike, y: Any, y_pred: Any, sample_weight: Any = None, *,
+        cross_replica: Any = None, loss_scale: float = 1.0,
+    ) -> LayerStatistics:
+        """The `LayerStatistics` of the recorded pass (arguments as for `layer_statistics`)."""
+        recorded = self.calls(
+            loss_fn, y, y_pred, sample_weight, cross_replica=cross_replica, loss_scale=loss_scale
+        )
+        blocks, owner = [], {}
+        for layer, rule, calls in recorded:
+            if not calls:
+                continue  # never called: its variables get zero columns below
+            for variables, block in rule.blocks(layer, calls):
+                for slot, variable in enumerate(variables):
+                    owner[id(variable)] = (len(blocks), slot)
+                blocks.append(block)
+        variables = self._net.trainable_variables
+        missing = [v for v in variables if id(v) not in owner]
+        if missing:
+            if not blocks:
+                raise ValueError(f"layer_statistics: no layer of model '{self._net.name}' was called.")
+            for slot, variable in enumerate(missing):
+                owner[id(variable)] = (len(blocks), slot)
+            blocks.append(ZeroBlock(blocks[0].num_rows, [int(v.shape.num_elements()) for v in missing]))
+        placement = tuple(owner[id(v)] for v in variables)
+        return LayerStatistics(LayerRows(blocks, placement))
+
+
 def layer_statistics(
     net: keras.layers.Layer,
     loss_fn: losses.LossLike,
@@ -289,64 +407,12 @@ def layer_statistics(
             an output carries a Keras mask, or a global batch of fewer than 2 examples.
         TypeError: `loss_fn` is not a loss.
     """
-    from keras_thermo._distribute import CrossReplica  # noqa: PLC0415 (tiny module)
-
-    reason = incompatibility(net)
-    if reason is not None:
-        raise ValueError(f"layer_statistics: the per-example engine does not apply: {reason}.")
-    loss_fn = losses.resolve_loss(loss_fn, "layer_statistics")
-    y, sample_weight = losses.check_targets(y, sample_weight, loss_fn, "layer_statistics")
-    cross = cross_replica if cross_replica is not None else CrossReplica()
-    layers, _ = hooked_layers(net)
     x = tf.nest.map_structure(tf.convert_to_tensor, x)
-
-    with tf.GradientTape(watch_accessed_variables=False) as tape:
-        with _Hooks(layers, tape) as hooks:
-            y_pred = net(x, training=True)
-    for output in tf.nest.flatten(y_pred):
-        if getattr(output, "_keras_mask", None) is not None:
-            raise ValueError(
-                f"layer_statistics: an output of model '{net.name}' carries a Keras mask; a "
-                "masked loss is averaged over the valid entries of the whole batch, not per "
-                "example. Apply the mask through `sample_weight` instead."
-            )
-    seeds = losses.output_gradients(loss_fn, y, y_pred, sample_weight, loss_scale)
-    watched = [(i, name) for i, (_, _, call) in enumerate(hooks.calls) for name in call.watched]
-    gradients = tape.gradient(
-        tf.nest.flatten(y_pred),
-        [hooks.calls[i][2].watched[name] for i, name in watched],
-        output_gradients=tf.nest.flatten(seeds),
-        unconnected_gradients=tf.UnconnectedGradients.ZERO,
+    with Recording(net) as recording:
+        y_pred = net(x, training=True)
+    return recording.statistics(
+        loss_fn, y, y_pred, sample_weight, cross_replica=cross_replica, loss_scale=loss_scale
     )
-    records = [dict(call.saved) for _, _, call in hooks.calls]
-    for (i, name), gradient in zip(watched, gradients):
-        records[i]["d_" + name] = gradient
-    _check_rows(records, tf.nest.flatten(y_pred)[0], hooks.calls)
-    records = [
-        {k: tf.cast(t, tf.float32) if t.dtype.is_floating else t for k, t in record.items()}
-        for record in _gather(records, cross)
-    ]
-
-    calls_by_layer: dict[int, list] = {}
-    for (layer, _, _), record in zip(hooks.calls, records):
-        calls_by_layer.setdefault(id(layer), []).append(record)
-    blocks, owner = [], {}
-    for layer, rule in layers:
-        calls = calls_by_layer.get(id(layer))
-        if not calls:
-            continue  # never called: its variables get zero columns below
-        for variables, block in rule.blocks(layer, calls):
-            for slot, variable in enumerate(variables):
-                owner[id(variable)] = (len(blocks), slot)
-            blocks.append(block)
-    count = blocks[0].num_rows if blocks else cross.sum(tf.shape(tf.nest.flatten(x)[0])[0])
-    missing = [v for v in net.trainable_variables if id(v) not in owner]
-    if missing:
-        for slot, variable in enumerate(missing):
-            owner[id(variable)] = (len(blocks), slot)
-        blocks.append(ZeroBlock(count, [int(v.shape.num_elements()) for v in missing]))
-    placement = tuple(owner[id(v)] for v in net.trainable_variables)
-    return LayerStatistics(LayerRows(blocks, placement))
 
 
 def _check_rows(records, output, calls) -> None:
