@@ -16,7 +16,7 @@ if _backend != "tensorflow":
         "set KERAS_BACKEND=tensorflow."
     )
 
-from keras_thermo import callbacks, data, diagnostics, metrics, models, priors, samplers, schedules  # noqa: E402
+from keras_thermo import callbacks, data, diagnostics, metrics, models, per_example, priors, samplers, schedules  # noqa: E402
 from keras_thermo.model import BayesianModel, SamplerDivergedError  # noqa: E402
 from keras_thermo.posterior import evaluate_posterior, predict_posterior  # noqa: E402
 
@@ -31,6 +31,7 @@ __all__ = [
     "evaluate_posterior",
     "metrics",
     "models",
+    "per_example",
     "predict_posterior",
     "priors",
     "samplers",

@@ -54,6 +54,13 @@ def _dense_on_sequences():
                              keras.layers.Flatten(), keras.layers.Dense(2)])
 
 
+def _einsum_dense():
+    return keras.Sequential([keras.Input((3, 5)),
+                             keras.layers.EinsumDense("abc,cde->abde", output_shape=(3, 4, 2), bias_axes="de",
+                                                      activation="tanh"),
+                             keras.layers.Flatten(), keras.layers.Dense(2)])
+
+
 def _conv2d(**options):
     return keras.Sequential([keras.Input((9, 9, 2)), keras.layers.Conv2D(3, 3, activation="relu", **options),
                              keras.layers.MaxPooling2D(2), keras.layers.Flatten(), keras.layers.Dense(2)])
@@ -152,6 +159,7 @@ def _inputs(net, seed=0):
 
 NETS = {
     "dense_rank3": _dense_on_sequences,
+    "einsum_dense": _einsum_dense,
     "conv2d": _conv2d,
     "conv2d_strided_same": lambda: _conv2d(strides=2, padding="same"),
     "conv2d_dilated": lambda: _conv2d(dilation_rate=2),
@@ -209,7 +217,19 @@ def _targets(seed=0):
     return np.random.default_rng(seed + 100).standard_normal((BATCH, 2)).astype("float32")
 
 
-@pytest.mark.parametrize("name", sorted(NETS))
+# The default suite compares one net per kind of model and rule family (functional: Dense and
+# Conv1D; subclassed: a shared Dense and LayerNormalization; a shared Embedding on mixed inputs;
+# a strided Conv2D); the other variants run with the slow tests (~2 s each).
+DEFAULT_NETS = ("functional_two_branches", "subclassed_shared_layer", "shared_embedding_mixed_inputs",
+                "conv2d_strided_same")
+DEFAULT_RECURRENT = ("lstm_masked", "gru_reset_after")
+
+
+def _cases(names, default):
+    return [pytest.param(name, marks=() if name in default else pytest.mark.slow) for name in sorted(names)]
+
+
+@pytest.mark.parametrize("name", _cases(NETS, DEFAULT_NETS))
 def test_rule_matches_the_vectorized_rows(name):
     _seed(0)
     net = NETS[name]()
@@ -217,7 +237,7 @@ def test_rule_matches_the_vectorized_rows(name):
     _compare(net, net, _inputs(net), _targets())
 
 
-@pytest.mark.parametrize("name", sorted(RECURRENT))
+@pytest.mark.parametrize("name", _cases(RECURRENT, DEFAULT_RECURRENT))
 def test_recurrent_rule_without_unrolling_matches_the_unrolled_vectorized_rows(name):
     net, reference = RECURRENT[name]()
     assert per_example.incompatibility(net) is None
@@ -225,6 +245,7 @@ def test_recurrent_rule_without_unrolling_matches_the_unrolled_vectorized_rows(n
     _compare(net, reference, x, _targets())
 
 
+@pytest.mark.slow  # ~1.5 s; weights on the engine are checked in the default suite by test_dense_gradients.py
 def test_sample_weights_and_a_loss_object_reach_the_rows():
     """Weighted cross-entropy on a convolution: the weights change the statistics (guards the
     comparison against weights being dropped on both paths)."""
@@ -309,6 +330,7 @@ def test_variables_in_another_order_than_the_layers_are_placed_by_variable():
     _compare(net, net, _inputs(_conv1d()), _targets())
 
 
+@pytest.mark.slow  # ~7 s of XLA compilation; the Dense-only version runs in test_dense_gradients.py
 def test_runs_inside_a_compiled_function():
     _seed(0)
     net = _conv1d(padding="causal", dilation_rate=2)
@@ -428,6 +450,7 @@ def _assert_same_chain(kind, sampler, steps, rtol, atol):
     np.testing.assert_allclose(engine_history.history["noise_scale"], rows_history.history["noise_scale"], rtol=rtol)
 
 
+@pytest.mark.slow  # 5-30 s each; the default suite compares the chains on an MLP (test_ccadl_mccadl.py)
 @pytest.mark.parametrize("sampler", sorted(SAMPLERS))
 @pytest.mark.parametrize("kind", ["lstm", "cnn"])
 def test_engine_and_vectorized_chains_agree(kind, sampler):
@@ -436,14 +459,14 @@ def test_engine_and_vectorized_chains_agree(kind, sampler):
     _assert_same_chain(kind, sampler, 20, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.slow  # ~1 min; the default suite runs 20 steps of every case above
+@pytest.mark.slow  # ~10 min in all
 @pytest.mark.parametrize("sampler", sorted(SAMPLERS))
 @pytest.mark.parametrize("kind", ["mlp", "lstm", "cnn"])
 def test_engine_and_vectorized_chains_agree_over_300_steps(kind, sampler):
     _assert_same_chain(kind, sampler, 300, rtol=1e-3, atol=1e-5)
 
 
-@pytest.mark.parametrize("sampler", [CCAdL, MCCAdL])
+@pytest.mark.parametrize("sampler", [pytest.param(CCAdL, marks=pytest.mark.slow), MCCAdL])
 def test_a_user_written_lstm_runs_under_the_covariance_samplers(sampler):
     """`keras.layers.LSTM(16)` as a user writes it (unroll=False) through fit."""
     _seed(0)

@@ -240,16 +240,16 @@ def _gather(records: list[dict[str, tf.Tensor]], cross) -> list[dict[str, tf.Ten
     gathered = [dict() for _ in records]
     for dtype, group in by_dtype.items():
         tensors = [records[i][name] for i, name in group]
-        flat = [tf.reshape(t, [tf.shape(t)[0], -1]) for t in tensors]
-        widths = [int(t.shape[1]) if t.shape[1] is not None else None for t in flat]
-        if None in widths:
+        if not all(t.shape[1:].is_fully_defined() for t in tensors):
             for (i, name), tensor in zip(group, tensors):
                 gathered[i][name] = cross.gather_rows(tensor)
+                gathered[i][name].set_shape([None] + tensor.shape[1:].as_list())
             continue
+        widths = [int(t.shape[1:].num_elements()) for t in tensors]
+        flat = [tf.reshape(t, [-1, width]) for t, width in zip(tensors, widths)]
         pieces = tf.split(cross.gather_rows(tf.concat(flat, axis=1)), widths, axis=1)
         for (i, name), tensor, piece in zip(group, tensors, pieces):
-            gathered[i][name] = tf.reshape(piece, tf.concat([[-1], tf.shape(tensor)[1:]], axis=0))
-            gathered[i][name].set_shape([None] + tensor.shape[1:].as_list())
+            gathered[i][name] = tf.reshape(piece, [-1, *tensor.shape[1:].as_list()])
     return gathered
 
 

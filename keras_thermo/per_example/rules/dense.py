@@ -1,4 +1,4 @@
-"""`Dense` on inputs of any rank: `z = x W + b` applied at every position of `x[:, ..., :]`.
+"""`Dense` on inputs of any rank (`z = x W + b` at every position of `x[:, ..., :]`) and `EinsumDense`.
 
 Example i's kernel gradient is `sum_t x_it^T delta_it` over the `T` positions (`T = 1` for
 `[batch, features]` inputs), its bias gradient `sum_t delta_it`. Calls of one layer (a layer
@@ -17,7 +17,7 @@ import keras
 import tensorflow as tf
 
 from keras_thermo.per_example import engine
-from keras_thermo.per_example.blocks import factor_or_explicit
+from keras_thermo.per_example.blocks import ExplicitBlock, factor_or_explicit
 
 
 def unsupported_variant(layer) -> str | None:
@@ -64,3 +64,61 @@ class DenseRule(engine.LayerRule):
 
 
 engine.register(DenseRule())
+
+
+def _einsum_specs(equation: str, rank: int) -> tuple[str, str, str, str]:
+    """`(input, kernel, output, batch letter)` of an `EinsumDense` equation, its ellipsis spelled
+    out in letters the equation does not use, for inputs of rank `rank`."""
+    inputs, rest = equation.replace(" ", "").split(",")
+    kernel, outputs = rest.split("->")
+    if "..." in inputs:
+        free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in equation]
+        elided = "".join(free[: rank - (len(inputs) - 3)])
+        inputs, outputs = inputs.replace("...", elided), outputs.replace("...", elided)
+    return inputs, kernel, outputs, inputs[0]
+
+
+class EinsumDenseRule(engine.LayerRule):
+    """`EinsumDense`: example i's kernel gradient is the layer's einsum contracted with its
+    output error instead of the kernel, `einsum('{in},{out}->b{kernel}')` with `b` the batch
+    letter (explicit rows); its bias gradient sums the error over the axes the bias does not
+    span."""
+
+    layer_types = (keras.layers.EinsumDense,)
+
+    def unsupported(self, layer):
+        inputs = layer.equation.split(",")[0]
+        if inputs.startswith("...") or not inputs[:1].isalpha():
+            return f"equation {layer.equation!r} (the rule needs the batch axis named first)"
+        return unsupported_variant(layer)
+
+    def forward(self, layer, call, inputs, training=None):
+        inputs = call.save("inputs", inputs)
+        z = keras.ops.einsum(layer.equation, inputs, layer.kernel)
+        if layer.bias is not None:
+            z = keras.ops.add(z, layer.bias)
+        z = call.watch("z", z)
+        return layer.activation(z) if layer.activation is not None else z
+
+    def blocks(self, layer, calls):
+        rank = calls[0]["inputs"].shape.rank
+        inputs, kernel, outputs, batch = _einsum_specs(layer.equation, rank)
+        kernel_size = int(layer.kernel.shape.num_elements())
+        rows = tf.add_n([
+            tf.reshape(tf.einsum(f"{inputs},{outputs}->{batch}{kernel}", call["inputs"], call["d_z"]), [-1, kernel_size])
+            for call in calls
+        ])
+        variables, columns = [layer.kernel], [rows]
+        if layer.bias is not None:
+            bias_letters = "".join(c for c in outputs if c in layer.bias_axes)
+            columns.append(tf.add_n([
+                tf.reshape(tf.einsum(f"{outputs}->{batch}{bias_letters}", call["d_z"]),
+                           [-1, int(layer.bias.shape.num_elements())])
+                for call in calls
+            ]))
+            variables.append(layer.bias)
+        sizes = [int(v.shape.num_elements()) for v in variables]
+        return [(variables, ExplicitBlock(tf.concat(columns, axis=1), sizes))]
+
+
+engine.register(EinsumDenseRule())
