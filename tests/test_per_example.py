@@ -16,9 +16,11 @@ largest differences seen were 3e-7) with margin, and a wrong rule (a transposed 
 missing bias, a time step off by one) is off by O(1).
 
 The CCAdL and mCCAdL chains on the engine and on the vectorized rows take the same noise (keyed
-by seed and step), so they differ only by the rounding of the statistics, ~1e-6 relative per
-step, which the dynamics carry along: after 20 steps the weights agree to ~1e-6 (checked with
-rtol = 1e-4, atol = 1e-6, as the Dense-layer comparison in test_ccadl_mccadl.py).
+by seed and step), so they differ only by the rounding of the statistics (and of the forward
+pass, which the engine computes in its own order), a few ulp relative per step, which the
+dynamics carry along. After 20 steps they are held to rtol = 1e-4, atol = 1e-6, as the
+Dense-layer comparison in test_ccadl_mccadl.py; after 300 steps to ten times that. A wrong
+statistic (a missing bias column, a factor of n - 1) moves noise_scale by O(1) at the first step.
 """
 
 from __future__ import annotations
@@ -159,7 +161,6 @@ def _inputs(net, seed=0):
 
 NETS = {
     "dense_rank3": _dense_on_sequences,
-    "einsum_dense": _einsum_dense,
     "conv2d": _conv2d,
     "conv2d_strided_same": lambda: _conv2d(strides=2, padding="same"),
     "conv2d_dilated": lambda: _conv2d(dilation_rate=2),
@@ -192,8 +193,21 @@ def _assert_close(actual, expected, rtol=RTOL):
     np.testing.assert_allclose(actual, expected, rtol=0, atol=rtol * scale)
 
 
-def _compare(net, reference, x, y, loss="mse", weights=None):
-    rows = per_example.per_example_gradients(reference, loss, x, y, weights).numpy().astype(np.float64)
+def _loop_rows(net, x, y):
+    """Per-example gradients of the mean squared error one example at a time (a plain tape)."""
+    loss = keras.losses.MeanSquaredError()
+    rows = []
+    for i in range(BATCH):
+        with tf.GradientTape() as tape:
+            value = loss(y[i:i + 1], net(x[i:i + 1], training=True))
+        rows.append(per_example.flatten(tape.gradient(value, net.trainable_variables)).numpy())
+    return np.array(rows)
+
+
+def _compare(net, reference, x, y, loss="mse", weights=None, rows=None):
+    if rows is None:
+        rows = per_example.per_example_gradients(reference, loss, x, y, weights).numpy()
+    rows = np.asarray(rows, np.float64)
     expected = rows - rows.mean(axis=0)
     stats = per_example.layer_statistics(net, loss, x, y, weights)
     operator = stats.covariance_factor()
@@ -217,12 +231,11 @@ def _targets(seed=0):
     return np.random.default_rng(seed + 100).standard_normal((BATCH, 2)).astype("float32")
 
 
-# The default suite compares one net per kind of model and rule family (functional: Dense and
-# Conv1D; subclassed: a shared Dense and LayerNormalization; a shared Embedding on mixed inputs;
-# a strided Conv2D); the other variants run with the slow tests (~2 s each).
-DEFAULT_NETS = ("functional_two_branches", "subclassed_shared_layer", "shared_embedding_mixed_inputs",
-                "conv2d_strided_same")
-DEFAULT_RECURRENT = ("lstm_masked", "gru_reset_after")
+# The default suite compares one net per kind of model (functional: Dense and Conv1D; subclassed:
+# a shared Dense and LayerNormalization; a shared Embedding on mixed inputs) and the masked LSTM;
+# the other variants (Conv2D, EinsumDense, GRU, ...) run with the slow tests (~2 s each).
+DEFAULT_NETS = ("functional_two_branches", "subclassed_shared_layer", "shared_embedding_mixed_inputs")
+DEFAULT_RECURRENT = ("lstm_masked",)
 
 
 def _cases(names, default):
@@ -243,6 +256,15 @@ def test_recurrent_rule_without_unrolling_matches_the_unrolled_vectorized_rows(n
     assert per_example.incompatibility(net) is None
     x = _inputs(net)
     _compare(net, reference, x, _targets())
+
+
+def test_einsum_dense_matches_a_loop_over_examples():
+    """EinsumDense against single-example gradients: tf.vectorized_map of this Einsum (TF 2.21)
+    returns wrong rows or crashes the process, so the vectorized path is no reference here."""
+    _seed(0)
+    net = _einsum_dense()
+    x, y = _inputs(net), _targets()
+    _compare(net, None, x, y, rows=_loop_rows(net, x, y))
 
 
 @pytest.mark.slow  # ~1.5 s; weights on the engine are checked in the default suite by test_dense_gradients.py
@@ -471,10 +493,10 @@ def test_a_user_written_lstm_runs_under_the_covariance_samplers(sampler):
     """`keras.layers.LSTM(16)` as a user writes it (unroll=False) through fit."""
     _seed(0)
     net = keras.Sequential([keras.Input((6, 4)), keras.layers.LSTM(16), keras.layers.Dense(3)])
-    model = kt.BayesianModel(net, sampler(1e-3), num_examples=32, seed=0)
+    model = kt.BayesianModel(net, sampler(1e-3), num_examples=16, seed=0)
     model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.default_rng(0)
-    x, y = rng.standard_normal((32, 6, 4)).astype("float32"), rng.integers(0, 3, 32).astype("int32")
+    x, y = rng.standard_normal((16, 6, 4)).astype("float32"), rng.integers(0, 3, 16).astype("int32")
     history = model.fit(x, y, batch_size=8, epochs=1, verbose=0)
-    assert model.per_example_path == "layers" and model.sampler_step == 4
+    assert model.per_example_path == "layers" and model.sampler_step == 2
     assert np.all(np.isfinite(history.history["noise_scale"])) and history.history["noise_scale"][-1] > 0

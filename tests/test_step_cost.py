@@ -12,8 +12,10 @@ import pytest
 from benchmarks import step_cost
 from keras_thermo.testing import load_strict_json
 
-SAMPLERS = ["sgld", "sghmc", "sgnht", "sgnht_symmetric", "tact_hmc", "ccadl_diag", "mccadl"]
-PIECES = ["forward_backward", "noise_draws", "per_example_gradients", "diagonal_covariance", "covariance_factor", "c_step"]
+SAMPLERS = ["sgld", "sghmc", "sgnht", "sgnht_symmetric", "tact_hmc", "ccadl_diag", "mccadl",
+            "ccadl_diag_vectorized", "mccadl_vectorized"]
+PIECES = ["forward_backward", "noise_draws", "per_example_gradients", "per_example_gradients_vectorized",
+          "diagonal_covariance", "covariance_factor", "c_step"]
 
 
 def _positive_finite(value):
@@ -62,10 +64,10 @@ def test_quick_mode_breakdown_and_targets(quick_run):
     results = load_strict_json(out / "results.json")
     digits = results["networks"]["digits_mlp"]
     breakdown = digits["breakdown"]
-    assert breakdown["per_example_path"] in ("vectorized", "dense_layers")
+    assert breakdown["per_example_path"] == "layers"  # digits_mlp: all Dense, every layer has a rule
     for piece in PIECES:
-        if piece == "covariance_factor" and breakdown["per_example_path"] == "dense_layers":
-            # On the Dense-layer path `Gc` is an operator over the factors: no separate piece.
+        if piece == "covariance_factor":
+            # On the engine path `Gc` is an operator over the blocks: no separate piece.
             assert breakdown["pieces_ms"][piece] is None
             continue
         assert breakdown["pieces_ms"][piece] >= 0 and math.isfinite(breakdown["pieces_ms"][piece])
@@ -123,3 +125,14 @@ def test_memory_mode_reports_both_processes(tmp_path):
     assert entry["mccadl_minus_sgd_peak_mib"] == pytest.approx(
         entry["runs"]["mccadl"]["vm_hwm_mib"] - entry["runs"]["keras_sgd"]["vm_hwm_mib"])
     assert results["networks"]["digits_mlp"]["num_params"] == 3760
+    # Each layer's rule on the engine path: both Dense layers as factors, every piece timed.
+    rules = digits["rule_costs"]
+    assert [(r["layer"], r["forms"]) for r in rules] == [("hidden1", ["FactorBlock"]), ("logits", ["FactorBlock"])]
+    assert [r["num_params"] for r in rules] == [64 * 50 + 50, 50 * 10 + 10]
+    for rule in rules:
+        assert set(rule["ms"]) == {"blocks", "variances", "product", "gram"}
+        assert all(ms >= 0 and math.isfinite(ms) for ms in rule["ms"].values())
+    # The vectorized comparison has no target; the engine runs have the issue's.
+    quantities = [row["quantity"] for row in results["targets"]]
+    assert "ccadl_diag / keras_sgd step time" in quantities
+    assert not any("vectorized" in quantity for quantity in quantities)

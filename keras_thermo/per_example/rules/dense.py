@@ -82,7 +82,8 @@ class EinsumDenseRule(engine.LayerRule):
     """`EinsumDense`: example i's kernel gradient is the layer's einsum contracted with its
     output error instead of the kernel, `einsum('{in},{out}->b{kernel}')` with `b` the batch
     letter (explicit rows); its bias gradient sums the error over the axes the bias does not
-    span."""
+    span. (TF 2.21's `tf.vectorized_map` mishandles some `Einsum`s, e.g. `abc,cde->abde`: wrong
+    rows or a crash, so for such layers this rule is also the only working per-example path.)"""
 
     layer_types = (keras.layers.EinsumDense,)
 
