@@ -481,7 +481,7 @@ def test_engine_and_vectorized_chains_agree(kind, sampler):
     _assert_same_chain(kind, sampler, 20, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.slow  # ~10 min in all
+@pytest.mark.slow  # 10 s to 3 min each on 2 loaded cores
 @pytest.mark.parametrize("sampler", sorted(SAMPLERS))
 @pytest.mark.parametrize("kind", ["mlp", "lstm", "cnn"])
 def test_engine_and_vectorized_chains_agree_over_300_steps(kind, sampler):
