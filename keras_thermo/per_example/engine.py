@@ -209,6 +209,9 @@ class _Hooks:
         self.calls: list[tuple[keras.layers.Layer, LayerRule, Call]] = []
 
     def __enter__(self):
+        # An instance attribute shadows the class's `call` for this object only; one the layer
+        # already had (a user's own patch) is put back on exit.
+        self._previous = {id(layer): vars(layer).get("call") for layer, _ in self._layers}
         for layer, rule in self._layers:
             object.__setattr__(layer, "call", self._hooked(layer, rule))
         return self
@@ -224,7 +227,10 @@ class _Hooks:
 
     def __exit__(self, *exc):
         for layer, _ in self._layers:
-            if "call" in vars(layer):
+            previous = self._previous.get(id(layer))
+            if previous is not None:
+                object.__setattr__(layer, "call", previous)
+            elif "call" in vars(layer):
                 object.__delattr__(layer, "call")
         return False
 
