@@ -82,10 +82,11 @@ def test_quick_mode_breakdown_and_targets(quick_run):
     assert breakdown["c_step_method"] in ("taylor", "gram") and breakdown["c_step_matvecs"] >= 1
 
     targets = {row["quantity"]: row for row in results["targets"]}
-    assert len(targets) == len(SAMPLERS) + 1
-    for method in SAMPLERS:
+    with_targets = [m for m in SAMPLERS if not m.endswith("_vectorized")]
+    assert len(targets) == len(with_targets) + 1
+    for method in with_targets:
         row = targets[f"{method} / keras_sgd step time"]
-        bound = 1.15 if method not in ("ccadl_diag", "mccadl") else 3.0  # digits is an MLP
+        bound = {"ccadl_diag": 2.0, "mccadl": 2.5}.get(method, 1.3)  # digits is an MLP
         assert row["target"] == f"<= {bound}"
         assert row["measured"] == digits["timing"][method]["median_ratio_to_sgd"]
         assert row["met"] == (row["measured"] <= bound)
