@@ -16,28 +16,37 @@ the same repetition; the same for the training loop alone (first batch to end of
 checked to have completed all its steps (a sampler whose NaN guard trips stops `fit` early); the
 count is recorded. `steps_per_execution` defaults to 50, the value of the task configs.
 
+Engine against vectorized rows. CCAdL (diag) and mCCAdL run twice in the same run: on the
+default path (`per_example_method="auto"`, the layer-rule engine of `keras_thermo.per_example`
+wherever every trainable layer has a rule) and as `ccadl_diag_vectorized` / `mccadl_vectorized`
+on the `tf.vectorized_map` rows. The LSTM is `LSTM(128)` as users write it (`unroll=False`); the
+vectorized path needs `unroll=True`, so its runs use the unrolled copy (same weights).
+
 Breakdown (CCAdL and mCCAdL). The pieces of their step, each timed as a separate warm
 `tf.function` (same `jit_compile`) on the same batch, less the time of an empty call: forward +
 backward pass (the gradient of the batch loss), the per-example statistics by the path the
-model uses (`BayesianModel.per_example_path`: the rows `G` from `grads.per_example_gradients`,
-or the per-layer factors of `dense_gradients.dense_layer_gradients` for all-Dense nets), the
-covariance statistic (CCAdL: the diagonal; mCCAdL: the centered factor `Gc`, an operator over
-the factors on the Dense-layer path, so no separate piece there), and mCCAdL's C step
-(`mccadl.covariance_step` with the `tau` mCCAdL uses at this step size, N and batch size, on the
-model's current momentum; the method chosen and the matrix-vector products are recorded). Each
-piece is reported in ms and as a fraction of the measured step.
+model uses (`BayesianModel.per_example_path`: the engine's column blocks from
+`per_example.layer_statistics`, or the rows `G` from `per_example.per_example_gradients`), and
+on the engine path the vectorized rows as well, for comparison; the covariance statistic (CCAdL:
+the diagonal; mCCAdL: the centered factor `Gc`, an operator over the blocks on the engine path,
+so no separate piece there), and mCCAdL's C step (`mccadl.covariance_step` with the `tau` mCCAdL
+uses at this step size, N and batch size, on the model's current momentum; the method chosen
+and the matrix-vector products are recorded). Each piece is reported in ms and as a fraction of
+the measured step. On the engine path, `rule_costs` times each layer's rule: forming its blocks,
+its variances, one product pair and its Gram contribution.
 
 Memory (`--memory`). For each network, one subprocess fits only SGD and one only mCCAdL; each
 reports its peak resident set size (VmHWM, and `ru_maxrss`). Reported next to the size of `G`,
 `n * Nd * 4` bytes.
 
 The issue's targets are written next to the measured values, with met / not met: SGLD, SGHMC,
-SGNHT (both integrators) and TACT-HMC within 1.15x SGD; CCAdL (diag) and mCCAdL within 3x SGD
-on the MLPs and the CNN and 5x on the LSTM; the C step at most 25% of the mCCAdL step.
+SGNHT (both integrators) and TACT-HMC within 1.3x SGD on the MLPs and 1.15x on the LSTM and the
+CNN; CCAdL (diag) within 2x (MLP, CNN) and 3x (LSTM); mCCAdL within 2.5x (MLP), 4x (LSTM) and
+3x (CNN); the C step at most 25% of the mCCAdL step. The vectorized comparison runs have none.
 
     python -m benchmarks.step_cost --out runs/step_cost [--networks emnist_mlp cifar10_cnn]
         [--steps 100] [--repeats 5] [--steps-per-execution 50] [--jit-compile]
-        [--per-example-method auto|vectorized|dense_layers]
+        [--per-example-method auto|layers|vectorized|dense_layers] [--note "CPU, 2 shared cores"]
     python -m benchmarks.step_cost --memory --out runs/step_cost
     python -m benchmarks.step_cost --quick --out runs/step_cost_quick   # seconds; digits only
 
@@ -69,22 +78,28 @@ import numpy as np
 import tensorflow as tf
 
 import keras_thermo as kt
-from keras_thermo import grads as kt_grads
+from keras_thermo import per_example
+from keras_thermo.per_example import engine as kt_engine
 from keras_thermo import random as kt_random
 from keras_thermo import linalg as kt_linalg
 from keras_thermo import models as kt_models
 from keras_thermo.samplers.mccadl import covariance_step
 
 SGD = "keras_sgd"
+#: The covariance samplers on the vectorized rows (`per_example_method="vectorized"`), timed in
+#: the same run as on the default path (the layer-rule engine) for comparison.
+VECTORIZED_SUFFIX = "_vectorized"
 SAMPLER_METHODS = (
     "sgld", "sghmc", "sgnht", "sgnht_symmetric", "tact_hmc", "ccadl_diag", "mccadl",
+    "ccadl_diag" + VECTORIZED_SUFFIX, "mccadl" + VECTORIZED_SUFFIX,
 )
 METHODS = (SGD, *SAMPLER_METHODS)
 # The issue's targets, as the largest allowed ratio to SGD's step time.
 CHEAP_SAMPLERS = ("sgld", "sghmc", "sgnht", "sgnht_symmetric", "tact_hmc")
-CHEAP_TARGET = 1.15
+CHEAP_TARGET = {"mlp": 1.3, "lstm": 1.15, "cnn": 1.15}
 COVARIANCE_SAMPLERS = ("ccadl_diag", "mccadl")
-COVARIANCE_TARGET = {"mlp": 3.0, "cnn": 3.0, "lstm": 5.0}
+COVARIANCE_TARGET = {"ccadl_diag": {"mlp": 2.0, "lstm": 3.0, "cnn": 2.0},
+                     "mccadl": {"mlp": 2.5, "lstm": 4.0, "cnn": 3.0}}
 C_STEP_TARGET_FRACTION = 0.25
 # Distinct random batches per network; the dataset repeats them.
 DISTINCT_BATCHES = 4
@@ -108,13 +123,16 @@ class Network:
     num_examples: int
     step_size: float
     friction: float
-    kind: str  # "mlp", "lstm" or "cnn": selects the covariance samplers' target
+    kind: str  # "mlp", "lstm" or "cnn": selects the targets
     # Steps per timed fit: enough that the fixed cost of a `fit` call (~15-20 ms on 2 CPU cores:
     # data adapter, iterator, callbacks) stays a few percent of the SGD run.
     timed_steps: int = 100
+    # The same network for the vectorized path where it needs another form (an unrolled LSTM).
+    build_vectorized: Callable[[], keras.Model] | None = None
 
     def make_sampler(self, method: str, expm: str = "auto"):
         """The sampler of `method` with this network's hyperparameters."""
+        method = method.removesuffix(VECTORIZED_SUFFIX)
         h, friction = self.step_size, self.friction
         if method == "sgld":
             return kt.samplers.SGLD(h * h)
@@ -141,10 +159,10 @@ class Network:
 
 
 def _paper_network(name, build, input_shape, num_classes, batch_size, num_examples, eta, noise, kind,
-                   timed_steps):
+                   timed_steps, build_vectorized=None):
     step_size = math.sqrt(eta / num_examples)
     return Network(name, build, input_shape, num_classes, batch_size, num_examples,
-                   step_size, noise / step_size, kind, timed_steps)
+                   step_size, noise / step_size, kind, timed_steps, build_vectorized)
 
 
 NETWORKS: dict[str, Network] = {
@@ -153,8 +171,10 @@ NETWORKS: dict[str, Network] = {
         # Luo et al. (2018), sec. 5.2: (eta, c) = (0.0015, 0.05), (0.0012, 0.15), (0.0010, 0.10).
         _paper_network("emnist_mlp", kt_models.emnist_mlp, (784,), 47, 128, 112_800, 0.0015, 0.05, "mlp",
                        timed_steps=200),
-        _paper_network("fashion_mnist_lstm", kt_models.fashion_mnist_lstm, (28, 28), 10, 64, 60_000,
-                       0.0012, 0.15, "lstm", timed_steps=100),
+        # LSTM(128) as users write it (unroll=False); the vectorized path needs it unrolled.
+        _paper_network("fashion_mnist_lstm", lambda: kt_models.fashion_mnist_lstm(unroll=False), (28, 28), 10,
+                       64, 60_000, 0.0012, 0.15, "lstm", timed_steps=100,
+                       build_vectorized=lambda: kt_models.fashion_mnist_lstm(unroll=True)),
         _paper_network("cifar10_cnn", kt_models.cifar10_cnn, (32, 32, 3), 10, 64, 50_000, 0.0010, 0.10, "cnn",
                        timed_steps=100),
         # configs/digits.yaml: mCCAdL's tuned h = 5e-3, A = 10 on N = 1346. Its SGD step takes
@@ -217,9 +237,15 @@ def initial_weights(network: Network, seed: int = 0) -> list[np.ndarray]:
 
 def make_model(network: Network, method: str, *, steps_per_execution: int, jit_compile: bool,
                weights: list[np.ndarray], per_example_method: str | None = None) -> keras.Model:
-    """A compiled model for `method` (`"keras_sgd"` or a sampler) starting from `weights`."""
-    net = network.build()
+    """A compiled model for `method` (`"keras_sgd"` or a sampler) starting from `weights`.
+
+    A method ending in `VECTORIZED_SUFFIX` runs its sampler with `per_example_method="vectorized"`
+    on `network.build_vectorized` (when set)."""
+    vectorized = method.endswith(VECTORIZED_SUFFIX)
+    net = (network.build_vectorized or network.build)() if vectorized else network.build()
     net.set_weights(weights)
+    if vectorized:
+        per_example_method = "vectorized"
     if method == SGD:
         net.compile(optimizer=keras.optimizers.SGD(network.step_size**2 * network.num_examples),
                     loss=_loss(), steps_per_execution=steps_per_execution, jit_compile=jit_compile)
@@ -418,7 +444,7 @@ def _noise_draws(variables) -> Callable:
 
 
 def covariance_breakdown(network: Network, mccadl_model: kt.BayesianModel, *, jit_compile: bool,
-                         calls: int) -> dict:
+                         calls: int, vectorized_model: kt.BayesianModel | None = None) -> dict:
     """Times the pieces of the CCAdL and mCCAdL steps on the first batch of the dataset.
 
     The pieces follow the model's per-example path. `"vectorized"`: the rows `G`
@@ -451,32 +477,38 @@ def covariance_breakdown(network: Network, mccadl_model: kt.BayesianModel, *, ji
         # samplers add to SGD's step, besides elementwise updates.
         "noise_draws": (_forced(_noise_draws(variables), jit_compile), (tf.constant(1, tf.int64),)),
     }
-    if path == "dense_layers":
-        from keras_thermo import dense_gradients  # noqa: PLC0415 (only with that path)
+    if path in ("layers", "dense_layers"):
 
         def factors(x, y):
-            return dense_gradients.dense_layer_gradients(net, loss_fn, x, y).covariance_factor()
+            return per_example.layer_statistics(net, loss_fn, x, y).covariance_factor()
 
-        centered = factors(x, y)  # an operator over eager factor tensors, captured below
+        centered = factors(x, y)  # an operator over eager blocks, captured below
         count = float(network.batch_size)
         pieces["per_example_gradients"] = (_forced(factors, jit_compile), (x, y))
         pieces["diagonal_covariance"] = (
             _forced(lambda: centered.column_sums_of_squares() / (count - 1.0), jit_compile), ())
         frobenius_sq = float(centered.frobenius_squared())
     else:
-        rows = kt_grads.per_example_gradients(net, loss_fn, x, y)
-        centered = kt_grads.PerExampleGradients(rows).covariance_factor()
+        rows = per_example.per_example_gradients(net, loss_fn, x, y)
+        centered = per_example.PerExampleGradients(rows).covariance_factor()
         pieces["per_example_gradients"] = (
-            _forced(lambda x, y: kt_grads.per_example_gradients(net, loss_fn, x, y), jit_compile), (x, y))
+            _forced(lambda x, y: per_example.per_example_gradients(net, loss_fn, x, y), jit_compile), (x, y))
         pieces["diagonal_covariance"] = (
-            _forced(lambda g: kt_grads.PerExampleGradients(g).diagonal_covariance(), jit_compile), (rows,))
+            _forced(lambda g: per_example.PerExampleGradients(g).diagonal_covariance(), jit_compile), (rows,))
         pieces["covariance_factor"] = (
-            _forced(lambda g: kt_grads.PerExampleGradients(g).covariance_factor(), jit_compile), (rows,))
+            _forced(lambda g: per_example.PerExampleGradients(g).covariance_factor(), jit_compile), (rows,))
         frobenius_sq = float(tf.reduce_sum(tf.square(centered)))
+    if path in ("layers", "dense_layers") and vectorized_model is not None:
+        # The same piece on the vectorized rows, for comparison (its own, unrolled net).
+        reference_net = vectorized_model.net
+        pieces["per_example_gradients_vectorized"] = (
+            _forced(lambda x, y: per_example.per_example_gradients(reference_net, loss_fn, x, y), jit_compile),
+            (x, y))
     pieces["c_step"] = (_forced(lambda p: covariance_step(p, centered, tau, expm), jit_compile), (momentum,))
     raw_ms = time_pieces(pieces, calls)
     overhead_ms = raw_ms.pop("call_overhead")
     raw_ms.setdefault("covariance_factor", None)
+    raw_ms.setdefault("per_example_gradients_vectorized", None)
     (_, matvecs, code), _ = pieces["c_step"][0](momentum)
     method_names = {kt_linalg.TAYLOR: "taylor", kt_linalg.GRAM: "gram"}
     return {
@@ -495,15 +527,62 @@ def covariance_breakdown(network: Network, mccadl_model: kt.BayesianModel, *, ji
     }
 
 
+def rule_costs(network: Network, model: kt.BayesianModel, *, jit_compile: bool, calls: int) -> list[dict]:
+    """What each layer's rule costs on the engine path, on the first batch of the dataset.
+
+    The engine's forward and backward pass is run once (`engine.Recording`); then, per
+    hooked layer, as warm `tf.function`s over those recorded tensors: forming its blocks
+    (`rule.blocks`: patches, explicit rows, token segment sums), its variances
+    (`centered_column_squares`, CCAdL's statistic), one product pair (`G_l u` and `G_l^T z`, the
+    unit of mCCAdL's C step) and its Gram contribution (`G_l G_l^T`). Milliseconds, less the cost
+    of an empty call; with the layer's form (block types, positions T).
+    """
+    x, y = next(iter(make_dataset(network)))
+    net = model.net
+    with kt_engine.Recording(net) as recording:
+        y_pred = net(x, training=True)
+    recorded = recording.calls(_loss(), y, y_pred)
+    rng = np.random.default_rng(0)
+    results = []
+    pieces = {"call_overhead": (_forced(lambda: tf.constant(0.0), jit_compile), ())}
+    for index, (layer, rule, layer_calls) in enumerate(recorded):
+        blocks = [block for _, block in rule.blocks(layer, layer_calls)]
+        vectors = [tf.constant(rng.standard_normal((b.num_cols, 1)), tf.float32) for b in blocks]
+        rows = tf.constant(rng.standard_normal((network.batch_size, 1)), tf.float32)
+
+        def form(rule=rule, layer=layer, layer_calls=layer_calls):
+            return [block for _, block in rule.blocks(layer, layer_calls)]
+
+        pieces[f"{index}:blocks"] = (_forced(form, jit_compile), ())
+        pieces[f"{index}:variances"] = (
+            _forced(lambda blocks=blocks: [b.centered_column_squares() for b in blocks], jit_compile), ())
+        pieces[f"{index}:product"] = (_forced(
+            lambda blocks=blocks, vectors=vectors: [(b.matvec(v), b.rmatvec(rows)) for b, v in zip(blocks, vectors)],
+            jit_compile), ())
+        pieces[f"{index}:gram"] = (_forced(lambda blocks=blocks: [b.gram() for b in blocks], jit_compile), ())
+        results.append({
+            "layer": layer.name, "type": type(layer).__name__,
+            "forms": [type(b).__name__ for b in blocks],
+            "positions": [getattr(b, "positions", None) for b in blocks],
+            "num_params": int(sum(b.num_cols for b in blocks)),
+        })
+    raw_ms = time_pieces(pieces, calls)
+    overhead = raw_ms.pop("call_overhead")
+    for index, entry in enumerate(results):
+        entry["ms"] = {piece: max(raw_ms[f"{index}:{piece}"] - overhead, 0.0)
+                       for piece in ("blocks", "variances", "product", "gram")}
+    return results
+
+
 # --- targets and tables ------------------------------------------------------------------------
 
 
 def ratio_target(network: Network, method: str) -> float | None:
     """The issue's largest allowed ratio to SGD for `method` on `network` (None: no target)."""
     if method in CHEAP_SAMPLERS:
-        return CHEAP_TARGET
+        return CHEAP_TARGET[network.kind]
     if method in COVARIANCE_SAMPLERS:
-        return COVARIANCE_TARGET[network.kind]
+        return COVARIANCE_TARGET[method][network.kind]
     return None
 
 
@@ -514,6 +593,8 @@ def evaluate_targets(network: Network, timing: dict, breakdown: dict | None) -> 
         if method not in timing:
             continue
         bound = ratio_target(network, method)
+        if bound is None:  # the vectorized comparison runs: no target
+            continue
         measured = timing[method]["median_ratio_to_sgd"]
         rows.append({
             "network": network.name, "quantity": f"{method} / {SGD} step time", "target": f"<= {bound}",
@@ -578,14 +659,14 @@ def markdown_tables(results: dict) -> str:
                   "per call less the cost of an empty call): ms, and in brackets the fraction of "
                   "the measured mCCAdL step.", "",
                   "| piece | " + " | ".join(with_breakdown) + " |", "|---|" + "---|" * len(with_breakdown)]
-        pieces = ("forward_backward", "noise_draws", "per_example_gradients",
+        pieces = ("forward_backward", "noise_draws", "per_example_gradients", "per_example_gradients_vectorized",
                   "diagonal_covariance", "covariance_factor", "c_step")
         for piece in pieces:
             cells = []
             for name in with_breakdown:
                 breakdown = results["networks"][name]["breakdown"]
                 fraction = breakdown["fraction_of_mccadl_step"].get(piece)
-                ms = breakdown["pieces_ms"][piece]
+                ms = breakdown["pieces_ms"].get(piece)
                 if ms is None:
                     cells.append("n/a")
                 else:
@@ -601,6 +682,20 @@ def markdown_tables(results: dict) -> str:
         steps = [results["networks"][n]["timing"]["mccadl"].get("median_ms_per_step") for n in with_breakdown]
         lines.append("| mCCAdL step (fit) | " + " | ".join(
             "failed" if ms is None else f"{ms:.3g}" for ms in steps) + " |")
+    with_rules = [n for n in names if results["networks"][n].get("rule_costs")]
+    if with_rules:
+        lines += ["", "What each layer's rule costs (engine path, warm tf.functions on the recorded tensors of "
+                  "one batch, ms less an empty call): forming its blocks, its variances (CCAdL), one product "
+                  "pair G u and G^T z (the unit of mCCAdL's C step), its Gram contribution G G^T.", "",
+                  "| network | layer | form | params | blocks | variances | product | gram |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for name in with_rules:
+            for layer in results["networks"][name]["rule_costs"]:
+                forms = ", ".join(f"{f}" + (f" (T={t})" if t and t > 1 else "")
+                                  for f, t in zip(layer["forms"], layer["positions"]))
+                ms = layer["ms"]
+                lines.append(f"| {name} | {layer['layer']} ({layer['type']}) | {forms} | {layer['num_params']} | "
+                             f"{ms['blocks']:.3g} | {ms['variances']:.3g} | {ms['product']:.3g} | {ms['gram']:.3g} |")
     return "\n".join(lines) + "\n"
 
 
@@ -747,7 +842,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--jit-compile", action="store_true",
                         help="compile every train step and piece with XLA (off by default: on a "
                              "CPU XLA made the per-example gradients slower)")
-    parser.add_argument("--per-example-method", choices=("auto", "vectorized", "dense_layers"), default=None,
+    parser.add_argument("--per-example-method", choices=("auto", "layers", "vectorized", "dense_layers"), default=None,
                         help="passed to BayesianModel(per_example_method=...) when it has that argument; "
                              "default: BayesianModel's default")
     parser.add_argument("--breakdown-calls", type=int, default=None,
@@ -756,6 +851,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="measure peak memory (one subprocess per network and method) instead of time")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: digits MLP, steps_per_execution 5, 10 steps, 2 repeats")
+    parser.add_argument("--note", default=None,
+                        help="free text stored in the JSON (for example the machine: 'CPU, 2 shared cores')")
     parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     quick = {"steps": 10, "repeats": 2, "steps_per_execution": 5, "breakdown_calls": 3}
@@ -801,10 +898,12 @@ def main(argv: list[str] | None = None) -> dict:
         "used": args.per_example_method if args.per_example_method is not None else (
             default_method if supported else "vectorized (tf.vectorized_map; no per_example_method argument)"
         ),
-        "breakdown_path": "keras_thermo.grads.per_example_gradients",
+        "breakdown_path": "BayesianModel.per_example_path of the mCCAdL model",
+        "vectorized_comparison": [m for m in METHODS if m.endswith(VECTORIZED_SUFFIX)],
     }
     results = {
         "machine": machine_info(),
+        "note": args.note,
         "settings": {
             "steps": args.steps, "repeats": args.repeats, "steps_per_execution": args.steps_per_execution,
             "jit_compile": args.jit_compile, "quick": args.quick, "methods": list(METHODS),
@@ -838,7 +937,12 @@ def main(argv: list[str] | None = None) -> dict:
         if "mccadl" in models:
             print(f"{name}: breakdown", flush=True)
             breakdown = covariance_breakdown(network, models["mccadl"], jit_compile=args.jit_compile,
-                                             calls=args.breakdown_calls)
+                                             calls=args.breakdown_calls,
+                                             vectorized_model=models.get("mccadl" + VECTORIZED_SUFFIX))
+            if breakdown["per_example_path"] == "layers":
+                print(f"{name}: per-layer rule costs", flush=True)
+                entry["rule_costs"] = rule_costs(network, models["mccadl"], jit_compile=args.jit_compile,
+                                                 calls=args.breakdown_calls)
             for method, key in (("mccadl", "fraction_of_mccadl_step"), ("ccadl_diag", "fraction_of_ccadl_step")):
                 step_ms = timing[method]["median_ms_per_step"] if method in models else None
                 breakdown[key] = {

@@ -16,7 +16,9 @@ if _backend != "tensorflow":
         "set KERAS_BACKEND=tensorflow."
     )
 
-from keras_thermo import callbacks, chains, data, diagnostics, metrics, models, priors, samplers, schedules  # noqa: E402
+from keras_thermo import (  # noqa: E402
+    callbacks, chains, data, diagnostics, metrics, models, per_example, priors, samplers, schedules,
+)
 # `kt.random` (chain seeds), kept out of `__all__`: a star import must not shadow the standard module.
 from keras_thermo import random  # noqa: E402,F401
 from keras_thermo.model import BayesianModel, SamplerDivergedError  # noqa: E402
@@ -34,6 +36,7 @@ __all__ = [
     "evaluate_posterior",
     "metrics",
     "models",
+    "per_example",
     "predict_posterior",
     "priors",
     "samplers",

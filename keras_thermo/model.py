@@ -13,6 +13,7 @@ capture it, and the noise is keyed by (seed, step), so a restored run continues 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
@@ -29,7 +30,7 @@ from keras_thermo import chains as kt_chains
 from keras_thermo import data as kt_data
 from keras_thermo import dense_gradients as kt_dense_gradients
 from keras_thermo import equilibration as kt_equilibration
-from keras_thermo import grads as kt_grads
+from keras_thermo import per_example as kt_per_example
 from keras_thermo import priors as kt_priors
 from keras_thermo import random as kt_random
 from keras_thermo import samplers as kt_samplers
@@ -45,7 +46,7 @@ from keras_thermo._distribute import (
 from keras_thermo._validation import check_bool, check_choice, check_int, check_positive, check_seed
 
 #: How per-example gradient statistics are computed (samplers that need them: CCAdL, mCCAdL).
-PER_EXAMPLE_METHODS = ("auto", "vectorized", "dense_layers")
+PER_EXAMPLE_METHODS = ("auto", "layers", "vectorized", "dense_layers")
 
 # Keras loss reductions that keep the `N * mean` convention of the potential.
 _MEAN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
@@ -92,6 +93,7 @@ class _Runtime:
         self.temperature_recorders: list = []
         self.warned_about_layers = False
         self.noted_pipeline = False
+        self.noted_per_example_fallback = False
         # One copy per replica (they agree): written inside the step, read by the callbacks.
         self.diverged_at = replica_local_variable(tf.constant(-1, tf.int64), name="diverged_at")
         self.state_structure = None
@@ -238,11 +240,15 @@ class BayesianModel(keras.Model):
         seed: Integer in [0, 2**31) keying all sampler noise; None draws one (kept in the config,
             so saving and resuming stay exact).
         per_example_method: How samplers that need per-example gradients (CCAdL, mCCAdL) get
-            them: `"vectorized"` forms the `[n, Nd]` rows with `tf.vectorized_map` (any
-            compatible network); `"dense_layers"` takes the statistics from per-layer factors
-            without forming the rows (`keras_thermo.dense_gradients`; only `Sequential` nets
-            whose trainable layers are all `Dense`, several times cheaper); `"auto"` (default)
-            uses `"dense_layers"` where it applies and `"vectorized"` otherwise.
+            them: `"layers"` takes the statistics from each layer's inputs and output errors
+            after one forward and one backward pass (`keras_thermo.per_example.engine`; every
+            trainable layer needs a rule: Dense, EinsumDense-free nets of Conv1D/Conv2D,
+            Embedding, LayerNormalization, LSTM, GRU, any parameter-free layer); `"vectorized"`
+            forms the `[n, Nd]` rows with `tf.vectorized_map` (any compatible network, several
+            times slower); `"dense_layers"` is `"layers"` restricted to `Sequential` nets of
+            `Dense` layers (`keras_thermo.dense_gradients`); `"auto"` (default) uses `"layers"`
+            where every trainable layer has a rule and `"vectorized"` otherwise, logging the
+            reason once (logger `"keras_thermo"`).
         num_chains: C >= 1 independent chains of the net, updated together at every step of
             one `fit` (default 1). Chain k has its own noise (keyed by
             `keras_thermo.random.chain_seed(seed, k)`), its own start (the net's initializers
@@ -373,7 +379,7 @@ class BayesianModel(keras.Model):
         self._example_loss_scale = 1.0
         if self.sampler.needs_per_example_gradients:
             # The batch loss must be the plain mean of the per-example losses.
-            allowed = kt_grads.PER_EXAMPLE_MEAN_REDUCTIONS
+            allowed = kt_per_example.PER_EXAMPLE_MEAN_REDUCTIONS
             self._example_loss_scale = _single_output_loss_weight(
                 loss, kwargs.get("loss_weights"), type(self.sampler).__name__
             )
@@ -707,8 +713,13 @@ class BayesianModel(keras.Model):
         # Identity on one device; under tf.distribute it makes every replica see the global
         # batch's force, potential and noise statistics, so all replicas take the same step.
         cross = CrossReplica()
+        # The layer-rule engine records the potential's own forward pass (no second one).
+        recording = None
+        if self.sampler.needs_per_example_gradients and self.per_example_path in ("layers", "dense_layers"):
+            recording = kt_per_example.Recording(self.net)
         with tf.GradientTape() as tape:
-            potential, loss, y_pred = self.compute_potential(x, y, sample_weight)
+            with recording if recording is not None else contextlib.nullcontext():
+                potential, loss, y_pred = self.compute_potential(x, y, sample_weight)
         gradients = tape.gradient(potential, variables)
         force = [
             -tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v)
@@ -724,7 +735,7 @@ class BayesianModel(keras.Model):
 
         per_example = None
         if self.sampler.needs_per_example_gradients:
-            per_example = self._per_example_gradients(x, y, sample_weight, cross)
+            per_example = self._per_example_gradients(x, y, sample_weight, cross, recording, y_pred)
         state = self.sampler_state()
         temperature = self._step_temperature(state.step, cross)
         context = kt_samplers.StepContext(
@@ -939,31 +950,47 @@ class BayesianModel(keras.Model):
 
     @property
     def per_example_path(self) -> str:
-        """The per-example method in use: `"vectorized"` or `"dense_layers"` (resolves "auto")."""
+        """The per-example method in use: `"layers"`, `"vectorized"` or `"dense_layers"`
+        (resolves "auto")."""
         if self.per_example_method != "auto":
             return self.per_example_method
-        if kt_dense_gradients.dense_layer_incompatibility(self.net) is None:
-            return "dense_layers"
+        if kt_per_example.incompatibility(self.net) is None:
+            return "layers"
         return "vectorized"
 
     def _check_per_example_method(self) -> None:
-        if not self.sampler.needs_per_example_gradients or self.per_example_method != "dense_layers":
+        if not self.sampler.needs_per_example_gradients:
             return
-        reason = kt_dense_gradients.dense_layer_incompatibility(self.net)
-        if reason is not None:
-            raise ValueError(
-                f"`per_example_method` 'dense_layers' does not apply to net {self.net.name!r}: "
-                f"{reason}. Use 'auto' or 'vectorized'."
-            )
+        if self.per_example_method == "dense_layers":
+            reason = kt_dense_gradients.dense_layer_incompatibility(self.net)
+        elif self.per_example_method in ("layers", "auto"):
+            reason = kt_per_example.incompatibility(self.net)
+        else:
+            return
+        if reason is None:
+            return
+        if self.per_example_method == "auto":
+            if not self._runtime.noted_per_example_fallback:
+                self._runtime.noted_per_example_fallback = True
+                logging.getLogger("keras_thermo").warning(
+                    "%s: per-example gradients of net %r come from tf.vectorized_map (several times "
+                    "slower than the layer rules) because %s.",
+                    type(self.sampler).__name__, self.net.name, reason,
+                )
+            return
+        raise ValueError(
+            f"`per_example_method` {self.per_example_method!r} does not apply to net {self.net.name!r}: "
+            f"{reason}. Use 'auto' or 'vectorized'."
+        )
 
-    def _per_example_gradients(self, x, y, sample_weight, cross):
+    def _per_example_gradients(self, x, y, sample_weight, cross, recording=None, y_pred=None):
         scale = self._example_loss_scale  # `loss_weights`: the rows are gradients of the batch loss
-        if self.per_example_path == "dense_layers":
-            return kt_dense_gradients.dense_layer_gradients(
-                self.net, self.loss, x, y, sample_weight, cross_replica=cross, loss_scale=scale
+        if recording is not None:  # "layers" or "dense_layers": the engine on the recorded pass
+            return recording.statistics(
+                self.loss, y, y_pred, sample_weight, cross_replica=cross, loss_scale=scale
             )
-        rows = kt_grads.per_example_gradients(self.net, self.loss, x, y, sample_weight, loss_scale=scale)
-        return kt_grads.PerExampleGradients(tf.cast(rows, tf.float32), cross)
+        rows = kt_per_example.per_example_gradients(self.net, self.loss, x, y, sample_weight, loss_scale=scale)
+        return kt_per_example.PerExampleGradients(tf.cast(rows, tf.float32), cross)
 
     def _assign_if_finite(self, targets, values, checked, step, cross) -> tf.Tensor:
         """Assigns `values` to `targets` unless any of `checked` is non-finite (then nothing
@@ -1035,7 +1062,7 @@ class BayesianModel(keras.Model):
         if self._runtime.warned_about_layers or self.sampler.needs_per_example_gradients:
             return
         self._runtime.warned_about_layers = True
-        for layer, kind, setting in kt_grads.stochastic_layers(self.net):
+        for layer, kind, setting in kt_per_example.stochastic_layers(self.net):
             warnings.warn(
                 f"BayesianModel: layer {layer.name!r}, {setting}, {_TARGET_EFFECTS[kind]}.",
                 UserWarning,

@@ -359,14 +359,14 @@ def test_dense_layer_statistics_give_the_same_chain_as_vectorized_rows(make_samp
     np.testing.assert_allclose(fast_history.history["noise_scale"], rows_history.history["noise_scale"], rtol=1e-4)
 
 
-def test_auto_per_example_method_picks_dense_layers_only_where_it_applies():
+def test_auto_per_example_method_picks_the_layer_rules_and_dense_layers_stays_dense_only():
     dense = kt.BayesianModel(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]), CCAdL(1e-3), num_examples=8)
     conv = kt.BayesianModel(
         keras.Sequential([keras.Input((6, 6, 1)), keras.layers.Conv2D(2, 3), keras.layers.Flatten(), keras.layers.Dense(2)]),
         CCAdL(1e-3), num_examples=8,
     )
-    assert dense.per_example_path == "dense_layers"
-    assert conv.per_example_path == "vectorized"
+    assert dense.per_example_path == "layers"
+    assert conv.per_example_path == "layers"  # Conv2D has a rule (keras_thermo.per_example.rules.conv)
     forced = kt.BayesianModel(conv.net, CCAdL(1e-3), num_examples=8, per_example_method="dense_layers")
     forced.compile(loss="mse")
     with pytest.raises(ValueError, match="per_example_method.*Conv2D"):
