@@ -74,6 +74,14 @@ COVARIANCE = ("ccadl_diag", "ccadl_full", "mccadl")
 CASES = [pytest.param(name, None, id=name) for name in sorted(set(CONFIGS) - set(COVARIANCE))]
 CASES += [pytest.param(name, method, id=f"{name}-{method}")
           for name in COVARIANCE for method in ("vectorized", "dense_layers")]
+# Default-suite time: the XLA-against-graph check runs these by default and the rest with
+# `-m slow`. They cover every update piece once: SGLD's schedule, the symmetric integrator's
+# O/D/kick pieces (SGHMC's and Euler SGNHT's are the same functions), TACT-HMC, CCAdL's diagonal
+# estimate and mCCAdL's C step on the Dense path; the vectorized rows are checked under XLA by
+# test_grads.py, and CCAdL's full covariance under XLA only in the slow set.
+XLA_DEFAULT = {"sgld", "sgnht_symmetric", "tact_hmc", "ccadl_diag-dense_layers", "mccadl-dense_layers"}
+XLA_CASES = [case if case.id in XLA_DEFAULT else pytest.param(*case.values, id=case.id, marks=pytest.mark.slow)
+             for case in CASES]
 
 
 def _data(task):
@@ -129,7 +137,7 @@ def _assert_same_run(actual, expected, what):
             np.testing.assert_allclose(got, want, rtol=0, atol=RTOL * scale, err_msg=f"{what}: {kind}")
 
 
-@pytest.mark.parametrize("name, per_example_method", CASES)
+@pytest.mark.parametrize("name, per_example_method", XLA_CASES)
 def test_xla_with_steps_per_execution_matches_the_graph_without_noise(name, per_example_method):
     compiled = _fit(name, steps_per_execution=STEPS_PER_EXECUTION, jit_compile=True, noiseless=True,
                     per_example_method=per_example_method)
