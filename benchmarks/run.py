@@ -820,7 +820,8 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
     point = _point_estimate_callback(task.test, num_bins)
     callbacks: list = [point]
     average = ood_average = None
-    record: dict[str, Any] = {"method": key, "label": method["label"], "label_noise": label_noise}
+    record: dict[str, Any] = {"method": key, "label": method["label"], "label_noise": label_noise,
+                              "method_config": copy.deepcopy(method)}
     if "sampler" in method:
         sampler = build_sampler(method)
         schedule = _evaluation_schedule(config, method, task.train.steps_per_epoch, sampler)
@@ -1131,7 +1132,7 @@ def _summary_table(config: dict, runs: list[dict], ood_runs: list[dict]) -> list
         m = run["metrics"]
         scores = (ood_by_method.get(run["method"], {}).get("ood") or {}) if ood and run["label_noise"] == ood["label_noise"] else {}
         tuning = run.get("tuning")
-        chosen = "as configured"
+        chosen = "configured: " + _describe(_settings(run))
         if tuning:
             chosen = _describe(tuning["chosen"]) + (" (all trials failed)" if tuning["all_trials_failed"] else "")
             if tuning.get("shared_from"):
@@ -1177,6 +1178,16 @@ def _summary_table(config: dict, runs: list[dict], ood_runs: list[dict]) -> list
                 f"{m['num_samples']} |"
             )
     return lines
+
+
+def _settings(run: dict) -> dict:
+    """The hyperparameters a run's config set (the sampler's or optimizer's options, and a
+    sampler's prior std and temperature)."""
+    method = run.get("method_config") or {}
+    settings = {k: v for k, v in (method.get("options") or {}).items() if k not in ("preconditioner",)}
+    if run["kind"] == "sampler":
+        settings.update(prior_std=method.get("prior_std"), temperature=method.get("temperature", 1.0))
+    return settings
 
 
 def _curve(history: dict, name: str) -> list[float]:
