@@ -954,12 +954,13 @@ def validation_score(record: dict) -> tuple[float, int | None]:
     return float(nll), None
 
 
-def tune_method(key: str, method: dict, config: dict, task: TaskData, label_noise: float, out: Path, verbose,
+def tune_method(key: str, method: dict, config: dict, new_task, label_noise: float, out: Path, verbose,
                 strategy=None, log=print) -> dict:
     """Chooses a method's hyperparameters by validation NLL; returns the tuning record.
 
-    Every trial trains on `task.train` (the training split less the validation part) and is
-    scored on `task.test` (the validation part); nothing here reads the test split. `search:
+    Every trial trains on the `train` of a fresh `new_task()` (the training split less the
+    validation part; fresh, so every trial draws the same minibatches and label noise) and is
+    scored on its `test` (the validation part); nothing here reads the test split. `search:
     grid` tries every combination of the method's grid; `search: axes` tries one axis at a
     time in the grid's order, the others held at the best values so far (starting from the
     method's configured value where the grid lists it, else the first), re-using repeated
@@ -976,6 +977,7 @@ def tune_method(key: str, method: dict, config: dict, task: TaskData, label_nois
             return scored[signature]
         log(f"    tuning {method['label']} ({round(100 * label_noise)}% permuted), trial {len(trials) + 1}: "
             + _describe(settings))
+        task = new_task()
         record = run_method(key, apply_settings(method, settings), config, task, label_noise, out, verbose, strategy,
                             log_dir=out / "tensorboard" / "tuning" / key / f"noise{round(100 * label_noise)}"
                             / f"trial{len(trials) + 1}")
@@ -1002,6 +1004,7 @@ def tune_method(key: str, method: dict, config: dict, task: TaskData, label_nois
     chosen = dict(best["settings"])
     if "epochs" in best and best["epochs"] is not None:
         chosen["epochs"] = best["epochs"]
+    task = new_task()
     holdout = task.holdout or {}
     return {
         "label_noise": label_noise,
@@ -1157,6 +1160,7 @@ def _summary_table(config: dict, runs: list[dict], ood_runs: list[dict]) -> list
             "their posterior average. The chosen settings are then run on the whole training split and "
             "scored on the test split, which the tuning never reads."
         )
+    lines += ["", *_comparisons(runs, ood_runs)]
     if ood is not None:
         lines.append(
             f"OOD: each method (with the settings chosen at {round(100 * ood['label_noise'])}% permuted labels) "
@@ -1177,6 +1181,45 @@ def _summary_table(config: dict, runs: list[dict], ood_runs: list[dict]) -> list
                 f"{_number(scores['auroc_predictive_entropy'], 3)} | {_number(scores['auroc_mutual_information'], 3)} | "
                 f"{m['num_samples']} |"
             )
+    return lines
+
+
+def _comparisons(runs: list[dict], ood_runs: list[dict]) -> list[str]:
+    """Samplers against the best optimizer, per noise level: accuracy (at least as accurate?),
+    NLL and OOD AUROC (ahead?). The best optimizer is picked on the test split, so each
+    sampler is held to the strongest baseline that was run."""
+    lines = []
+    samplers = [r for r in runs if r["kind"] == "sampler"]
+    for noise in dict.fromkeys(r["label_noise"] for r in runs):
+        optimizers = [r for r in runs if r["kind"] == "optimizer" and r["label_noise"] == noise and r["status"] == "ok"]
+        here = [r for r in samplers if r["label_noise"] == noise]
+        if not optimizers or not here:
+            continue
+        best_accuracy = max(optimizers, key=lambda r: r["metrics"]["accuracy"])
+        best_nll = min(optimizers, key=lambda r: r["metrics"]["nll"])
+        n = len(best_accuracy["_labels"]) if best_accuracy.get("_labels") is not None else None
+        as_accurate = [r["label"] for r in here if (r["metrics"]["accuracy"] or 0) >= best_accuracy["metrics"]["accuracy"]]
+        lower_nll = [r["label"] for r in here if (r["metrics"]["nll"] or math.inf) < best_nll["metrics"]["nll"]]
+        lines.append(
+            f"- {round(100 * noise)}% permuted: best optimizer accuracy {best_accuracy['label']} "
+            f"{_percent(best_accuracy['metrics']['accuracy'])}"
+            + (f" (one test image = {100 / n:.2f}%)" if n else "")
+            + f"; samplers at least as accurate: {len(as_accurate)}/{len(here)} ({', '.join(as_accurate) or 'none'}). "
+            f"Best optimizer NLL {best_nll['label']} {_number(best_nll['metrics']['nll'])}; samplers below it: "
+            f"{len(lower_nll)}/{len(here)} ({', '.join(lower_nll) or 'none'})."
+        )
+    optimizers = [r for r in ood_runs if r["kind"] == "optimizer" and r["ood"]["auroc_predictive_entropy"] is not None]
+    sampled = [r for r in ood_runs if r["kind"] == "sampler"]
+    if optimizers and sampled:
+        best = max(optimizers, key=lambda r: r["ood"]["auroc_predictive_entropy"])
+        bar = best["ood"]["auroc_predictive_entropy"]
+        by_entropy = [r["label"] for r in sampled if (r["ood"]["auroc_predictive_entropy"] or 0) > bar]
+        by_mutual = [r["label"] for r in sampled if (r["ood"]["auroc_mutual_information"] or 0) > bar]
+        lines.append(
+            f"- OOD: best optimizer AUROC {best['label']} {bar:.3f} (predictive entropy); samplers above it by "
+            f"predictive entropy: {len(by_entropy)}/{len(sampled)} ({', '.join(by_entropy) or 'none'}); by mutual "
+            f"information: {len(by_mutual)}/{len(sampled)} ({', '.join(by_mutual) or 'none'})."
+        )
     return lines
 
 
@@ -1312,13 +1355,16 @@ def run_config(
     tuned: dict[float, dict] = {}
     if tune:
         for noise in tuning_levels(config):
-            tuning_task = load_task_data(config, noise, part="validation", **loading)
+            def new_task(noise=noise):
+                return load_task_data(config, noise, part="validation", **loading)
+
+            tuning_task = new_task()
             log(f"Tuning at {round(100 * noise)}% permuted labels on {tuning_task.train.num_examples} training "
                 f"examples, scored on {tuning_task.test.num_examples} held out of the training split")
             for key, method in config["methods"].items():
                 if grid_for(tune, key, method):
                     tuned.setdefault(noise, {})[key] = tune_method(
-                        key, method, config, tuning_task, noise, out, verbose, strategy, log)
+                        key, method, config, new_task, noise, out, verbose, strategy, log)
                     log(f"    {method['label']}: chosen {_describe(tuned[noise][key]['chosen'])}")
 
     def tuned_run(key: str, method: dict, run_config: dict, noise: float) -> tuple[dict, dict, dict | None]:
@@ -1342,8 +1388,10 @@ def run_config(
     runs = []
     total = len(config["methods"]) * len(config["data"]["label_noise"])
     for noise in config["data"]["label_noise"]:
-        task = load_task_data(config, noise, **loading)
         for key, method in config["methods"].items():
+            # Data loaded afresh for every run: each run draws the same minibatches and label
+            # noise whatever runs before it (a dataset counts its passes).
+            task = load_task_data(config, noise, **loading)
             chosen_method, run_config_, tuning = tuned_run(key, method, config, noise)
             log(f"[{len(runs) + 1}/{total}] {method['label']}, {round(100 * noise)}% permuted labels: "
                 f"{run_config_['training']['epochs']} epochs of {task.train.steps_per_epoch} steps, "
@@ -1363,8 +1411,8 @@ def run_config(
         ood = config["ood"]
         ood_config = copy.deepcopy(config)
         ood_config["model"]["options"]["num_classes"] = len(ood["in_classes"])
-        task = load_task_data(ood_config, ood["label_noise"], part="ood", **loading)
         for key, method in config["methods"].items():
+            task = load_task_data(ood_config, ood["label_noise"], part="ood", **loading)
             chosen_method, run_config_, tuning = tuned_run(key, method, ood_config, ood["label_noise"])
             log(f"[OOD {len(ood_runs) + 1}/{len(config['methods'])}] {method['label']}: digits {ood['in_classes']} "
                 f"({task.train.num_examples} examples) against {ood['out_classes']}")

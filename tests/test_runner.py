@@ -242,7 +242,7 @@ def test_axes_and_grid_searches_visit_the_expected_settings(monkeypatch, tmp_pat
     task = run.TaskData(train=type("D", (), {"num_examples": 8})(), test=type("D", (), {"num_examples": 2})())
     for search, count in (("grid", 6), ("axes", 4)):  # axes: 3 step sizes, then the other prior_std
         config["tune"] = dict(config["tune"], search=search, grids={"sgnht": grid})
-        record = run.tune_method("sgnht", method, config, task, 0.0, tmp_path, 0, log=lambda *_: None)
+        record = run.tune_method("sgnht", method, config, lambda: task, 0.0, tmp_path, 0, log=lambda *_: None)
         assert len(record["trials"]) == count
         assert record["chosen"] == {"step_size": 0.02, "prior_std": 3.0}
         assert record["validation_nll"] == pytest.approx(1.0)
