@@ -47,6 +47,7 @@ Config schema (keys not listed are errors):
         prior_std: 1.0                 # Gaussian prior N(0, std^2); null for a flat prior
         temperature: 1.0
         evaluation: {every_n_steps: 50}   # optional per-method evaluation overrides
+        epochs: 40                     # optional: this method's budget instead of training.epochs
     tune:                              # optional: choose hyperparameters on a validation split
       validation_fraction: 0.2         # stratified part of the TRAINING split held out (clean labels)
       seed: null                       # seed of that hold-out (null: training.seed)
@@ -124,7 +125,7 @@ MODEL_KEYS = {"builder", "options"}
 TRAINING_KEYS = {"epochs", "batch_size", "steps_per_execution", "seed"}
 EVALUATION_KEYS = {"burn_in_epochs", "burn_in_steps", "every_n_steps", "weighting", "num_bins", "check_block_epochs",
                    "max_burn_in_epochs"}
-METHOD_KEYS = {"label", "optimizer", "sampler", "options", "prior_std", "temperature", "evaluation"}
+METHOD_KEYS = {"label", "optimizer", "sampler", "options", "prior_std", "temperature", "evaluation", "epochs"}
 QUICK_KEYS = {
     "epochs", "train_limit", "test_limit", "mock_examples", "burn_in_epochs", "burn_in_steps",
     "every_n_steps", "label_noise", "methods", "tune",
@@ -233,6 +234,9 @@ def load_config(path: str | os.PathLike) -> dict:
             raise ConfigError(f"`methods.{key}` must have exactly one of `optimizer` and `sampler`.")
         method.setdefault("label", key)
         method.setdefault("options", {})
+        if "epochs" in method and (isinstance(method["epochs"], bool) or not isinstance(method["epochs"], int)
+                                   or method["epochs"] < 1):
+            raise ConfigError(f"`methods.{key}.epochs` must be a positive integer, got {method['epochs']!r}.")
         _check_keys(f"methods.{key}.evaluation", method.get("evaluation"), EVALUATION_KEYS)
     config["title"] = config.get("title") or str(config["name"])
     if config.get("tune") is not None:
@@ -382,6 +386,7 @@ def apply_quick(config: dict) -> dict:
         evaluation["every_n_steps"] = quick["every_n_steps"]
     for method in config["methods"].values():
         method.pop("evaluation", None)  # the quick evaluation schedule applies to every method
+        method.pop("epochs", None)  # and the quick budget
     for key, options in (quick.get("methods") or {}).items():
         if key in config["methods"]:
             config["methods"][key]["options"] = _merge(config["methods"][key]["options"], options)
@@ -807,6 +812,8 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
 
     training = config["training"]
     seed = int(training["seed"])
+    epochs = int(method.get("epochs", training["epochs"]))
+
     def scope():  # a fresh context each time: a strategy's scope cannot be re-entered
         return strategy.scope() if strategy is not None else contextlib.nullcontext()
 
@@ -861,7 +868,7 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
     started = time.perf_counter()
     history = None
     try:
-        history = model.fit(_distributable(task.train.dataset, strategy), epochs=int(training["epochs"]),
+        history = model.fit(_distributable(task.train.dataset, strategy), epochs=epochs,
                             callbacks=callbacks, shuffle=False, verbose=verbose)  # the dataset shuffles itself
     except kt.SamplerDivergedError as error:
         status, message = "diverged", str(error)
@@ -897,7 +904,7 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
         record["ood"] = _ood_scores(average, ood_average, probs, net, ood_data)
     record.update(
         status=status, message=message, seconds=seconds, num_examples=task.train.num_examples,
-        steps=int(training["epochs"]) * task.train.steps_per_epoch, metrics=metrics,
+        steps=epochs * task.train.steps_per_epoch, metrics=metrics,
         history={"epoch": list(range(1, len(next(iter(history_dict.values()), [])) + 1)), **history_dict},
         tensorboard=str(log_dir),
     )
@@ -911,13 +918,11 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
 
 
 def apply_settings(method: dict, settings: dict) -> dict:
-    """A copy of `method` with grid values set: `prior_std` and `temperature` on the method,
-    `epochs` left out (the run's budget, not the method's), anything else in its `options`."""
+    """A copy of `method` with tuned values set: `prior_std`, `temperature` and `epochs` on the
+    method, anything else in its `options`."""
     method = copy.deepcopy(method)
     for name, value in settings.items():
-        if name == "epochs":
-            continue
-        if name in METHOD_LEVEL_PARAMETERS:
+        if name in METHOD_LEVEL_PARAMETERS or name == "epochs":
             method[name] = value
         else:
             method["options"][name] = value
@@ -1230,6 +1235,8 @@ def _settings(run: dict) -> dict:
     settings = {k: v for k, v in (method.get("options") or {}).items() if k not in ("preconditioner",)}
     if run["kind"] == "sampler":
         settings.update(prior_std=method.get("prior_std"), temperature=method.get("temperature", 1.0))
+    if "epochs" in method:
+        settings["epochs"] = method["epochs"]
     return settings
 
 
@@ -1367,22 +1374,19 @@ def run_config(
                         key, method, config, new_task, noise, out, verbose, strategy, log)
                     log(f"    {method['label']}: chosen {_describe(tuned[noise][key]['chosen'])}")
 
-    def tuned_run(key: str, method: dict, run_config: dict, noise: float) -> tuple[dict, dict, dict | None]:
-        """The method and config with the settings chosen for this noise level (for a method
-        under `tune.share`, those chosen for the method it names)."""
+    def tuned_run(key: str, method: dict, noise: float) -> tuple[dict, dict | None]:
+        """The method with the settings chosen for this noise level (for a method under
+        `tune.share`, those chosen for the method it names), and the tuning record."""
         if tune is None:
-            return method, run_config, None
+            return method, None
         level = noise if tune["label_noise"] == "each" else float(tune["label_noise"])
         source = tune["share"].get(key)
         tuning = tuned.get(level, {}).get(source or key)
         if tuning is None:
-            return method, run_config, None
+            return method, None
         if source is not None:
             tuning = dict(tuning, shared_from=source, trials=[])
-        if "epochs" in tuning["chosen"]:
-            run_config = copy.deepcopy(run_config)
-            run_config["training"]["epochs"] = int(tuning["chosen"]["epochs"])
-        return apply_settings(method, tuning["chosen"]), run_config, tuning
+        return apply_settings(method, tuning["chosen"]), tuning
 
     # 2. Reported runs: the whole training split, scored on the test split.
     runs = []
@@ -1392,11 +1396,11 @@ def run_config(
             # Data loaded afresh for every run: each run draws the same minibatches and label
             # noise whatever runs before it (a dataset counts its passes).
             task = load_task_data(config, noise, **loading)
-            chosen_method, run_config_, tuning = tuned_run(key, method, config, noise)
+            chosen_method, tuning = tuned_run(key, method, noise)
             log(f"[{len(runs) + 1}/{total}] {method['label']}, {round(100 * noise)}% permuted labels: "
-                f"{run_config_['training']['epochs']} epochs of {task.train.steps_per_epoch} steps, "
+                f"{chosen_method.get('epochs', config['training']['epochs'])} epochs of {task.train.steps_per_epoch} steps, "
                 f"N = {task.train.num_examples}" + (f"; tuned: {_describe(tuning['chosen'])}" if tuning else ""))
-            run = run_method(key, chosen_method, run_config_, task, noise, out, verbose, strategy)
+            run = run_method(key, chosen_method, config, task, noise, out, verbose, strategy)
             if tuning is not None:
                 run["tuning"] = tuning
             m = run["metrics"]
@@ -1413,10 +1417,10 @@ def run_config(
         ood_config["model"]["options"]["num_classes"] = len(ood["in_classes"])
         for key, method in config["methods"].items():
             task = load_task_data(ood_config, ood["label_noise"], part="ood", **loading)
-            chosen_method, run_config_, tuning = tuned_run(key, method, ood_config, ood["label_noise"])
+            chosen_method, tuning = tuned_run(key, method, ood["label_noise"])
             log(f"[OOD {len(ood_runs) + 1}/{len(config['methods'])}] {method['label']}: digits {ood['in_classes']} "
                 f"({task.train.num_examples} examples) against {ood['out_classes']}")
-            run = run_method(key, chosen_method, run_config_, task, ood["label_noise"], out, verbose, strategy,
+            run = run_method(key, chosen_method, ood_config, task, ood["label_noise"], out, verbose, strategy,
                              log_dir=out / "tensorboard" / "ood" / key)
             if tuning is not None:
                 run["tuning"] = {k: tuning[k] for k in ("label_noise", "chosen")}

@@ -214,6 +214,7 @@ def _tuned_config_text(tmp_path, extra: str) -> Path:
         ("ood: {in_classes: [0, 1], out_classes: [5, 6], label_noise: -0.1}", r"`ood.label_noise` must be a number"),
         ("ood: {in_classes: [0, 1], out_classes: [5, 6], test: 1}", r"`ood` has unknown keys \['test'\]"),
         ("data: {dataset: fashion_mnist}", r"`ood` needs `data.dataset: digits`"),
+        ("methods: {adam: {epochs: 0}}", r"`methods.adam.epochs` must be a positive integer, got 0"),
     ],
 )
 def test_tune_and_ood_bad_input_names_the_key(tmp_path, extra, match):
