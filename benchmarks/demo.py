@@ -30,7 +30,8 @@ CONFIG = Path(__file__).resolve().parent.parent / "configs" / "digits.yaml"
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
-    parser.add_argument("--quick", action="store_true", help="a few epochs only (smoke test)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a few epochs of the first optimizer and the first sampler only (smoke test)")
     parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=0, help="Keras fit verbosity")
     args = parser.parse_args(argv)
 
@@ -41,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"(skipping {method['label']}: sampler {method['sampler']!r} is not available in this version)")
             continue
         keys.append(key)
+    if args.quick:
+        kinds = {key: "sampler" if "sampler" in config["methods"][key] else "optimizer" for key in keys}
+        keys = [next(k for k in keys if kinds[k] == kind) for kind in ("optimizer", "sampler") if kind in kinds.values()]
     results = run.run_config(config, args.out, quick=args.quick, methods=keys, verbose=args.verbose)
 
     print()

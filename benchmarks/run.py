@@ -1324,6 +1324,10 @@ def run_config(
 ) -> dict:
     """Runs every method of a loaded config at every label-noise level and writes the reports.
 
+    With a `tune:` block, each method with a grid is first tuned on a validation part of the
+    training split (`tune_method`), and the reported runs use the chosen settings; with an
+    `ood:` block, the OOD study follows (module doc).
+
     Args:
         config: From `load_config`.
         out: Output folder (created).
