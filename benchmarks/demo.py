@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         keys.append(key)
     if args.quick:
         kinds = {key: "sampler" if "sampler" in config["methods"][key] else "optimizer" for key in keys}
-        keys = [next(k for k in keys if kinds[k] == kind) for kind in ("optimizer", "sampler") if kind in kinds.values()]
+        keys = [next(k for k in keys if kinds[k] == kind) for kind in ("optimizer", "sampler")
+                if kind in kinds.values()]
     results = run.run_config(config, args.out, quick=args.quick, methods=keys, verbose=args.verbose)
 
     print()

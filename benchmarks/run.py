@@ -56,6 +56,7 @@ Config schema (keys not listed are errors):
       grids:                           # under a method key, or a sampler/optimizer name
         adam: {learning_rate: [1.0e-3, 3.0e-3]}
         sgnht: {step_size: [5.0e-3, 1.0e-2], prior_std: [1.0, 3.0], temperature: [1.0]}
+      share: {sgnht_layerwise: sgnht}  # runs with the settings chosen for sgnht, untuned itself
     ood:                               # optional (digits): an out-of-distribution study
       in_classes: [0, 1, 2, 3, 4]      # trained on, and their test images held out
       out_classes: [5, 6, 7, 8, 9]     # test images scored as out-of-distribution
@@ -321,7 +322,8 @@ def check_tune(tune: Any, methods: dict, where: str = "tune") -> dict:
                 f"`{where}.grids.{name}` names no method key, sampler or optimizer of this config; "
                 f"allowed: {sorted(names)}.")
         if not isinstance(grid, dict) or not grid:
-            raise ConfigError(f"`{where}.grids.{name}` must be a non-empty mapping of hyperparameter -> values, got {grid!r}.")
+            raise ConfigError(
+                f"`{where}.grids.{name}` must be a non-empty mapping of hyperparameter -> values, got {grid!r}.")
         for parameter, values in grid.items():
             if parameter == "epochs":
                 raise ConfigError(
@@ -350,7 +352,8 @@ def check_ood(ood: Any, data: dict) -> dict:
         classes = ood.get(key)
         if (not isinstance(classes, list) or len(classes) < least or len(set(classes)) != len(classes)
                 or any(isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= 9 for c in classes)):
-            raise ConfigError(f"`ood.{key}` must be a list of at least {least} distinct digits in 0..9, got {classes!r}.")
+            raise ConfigError(
+                f"`ood.{key}` must be a list of at least {least} distinct digits in 0..9, got {classes!r}.")
     if set(ood["in_classes"]) & set(ood["out_classes"]):
         raise ConfigError(
             f"`ood.in_classes` {ood['in_classes']} and `ood.out_classes` {ood['out_classes']} must not share a digit.")
@@ -852,7 +855,8 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
         )
         callbacks[:0] = [check, average]
         if ood_data is not None:  # the same samples, scored on the out-of-distribution examples
-            ood_average = PosteriorAverage(ood_data, burn_in, schedule["every_n_steps"], weighting=schedule["weighting"])
+            ood_average = PosteriorAverage(ood_data, burn_in, schedule["every_n_steps"],
+                                           weighting=schedule["weighting"])
             callbacks.insert(2, ood_average)
         record.update(kind="sampler", sampler=sampler.get_config() | {"name": sampler.name}, evaluation=schedule)
     else:
@@ -1138,7 +1142,9 @@ def _summary_table(config: dict, runs: list[dict], ood_runs: list[dict]) -> list
     ]
     for run in runs:
         m = run["metrics"]
-        scores = (ood_by_method.get(run["method"], {}).get("ood") or {}) if ood and run["label_noise"] == ood["label_noise"] else {}
+        scores = {}
+        if ood and run["label_noise"] == ood["label_noise"]:
+            scores = ood_by_method.get(run["method"], {}).get("ood") or {}
         tuning = run.get("tuning")
         chosen = "configured: " + _describe(_settings(run))
         if tuning:
@@ -1183,7 +1189,8 @@ def _summary_table(config: dict, runs: list[dict], ood_runs: list[dict]) -> list
             m, scores = run["metrics"], run["ood"]
             lines.append(
                 f"| {run['label']} | {_percent(m['accuracy'])} | {_number(m['nll'])} | "
-                f"{_number(scores['auroc_predictive_entropy'], 3)} | {_number(scores['auroc_mutual_information'], 3)} | "
+                f"{_number(scores['auroc_predictive_entropy'], 3)} | "
+                f"{_number(scores['auroc_mutual_information'], 3)} | "
                 f"{m['num_samples']} |"
             )
     return lines
@@ -1203,7 +1210,8 @@ def _comparisons(runs: list[dict], ood_runs: list[dict]) -> list[str]:
         best_accuracy = max(optimizers, key=lambda r: r["metrics"]["accuracy"])
         best_nll = min(optimizers, key=lambda r: r["metrics"]["nll"])
         n = len(best_accuracy["_labels"]) if best_accuracy.get("_labels") is not None else None
-        as_accurate = [r["label"] for r in here if (r["metrics"]["accuracy"] or 0) >= best_accuracy["metrics"]["accuracy"]]
+        bar = best_accuracy["metrics"]["accuracy"]
+        as_accurate = [r["label"] for r in here if (r["metrics"]["accuracy"] or 0) >= bar]
         lower_nll = [r["label"] for r in here if (r["metrics"]["nll"] or math.inf) < best_nll["metrics"]["nll"]]
         lines.append(
             f"- {round(100 * noise)}% permuted: best optimizer accuracy {best_accuracy['label']} "
@@ -1402,7 +1410,8 @@ def run_config(
             task = load_task_data(config, noise, **loading)
             chosen_method, tuning = tuned_run(key, method, noise)
             log(f"[{len(runs) + 1}/{total}] {method['label']}, {round(100 * noise)}% permuted labels: "
-                f"{chosen_method.get('epochs', config['training']['epochs'])} epochs of {task.train.steps_per_epoch} steps, "
+                f"{chosen_method.get('epochs', config['training']['epochs'])} epochs of "
+                f"{task.train.steps_per_epoch} steps, "
                 f"N = {task.train.num_examples}" + (f"; tuned: {_describe(tuning['chosen'])}" if tuning else ""))
             run = run_method(key, chosen_method, config, task, noise, out, verbose, strategy)
             if tuning is not None:

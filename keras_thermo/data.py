@@ -168,7 +168,9 @@ def stratified_holdout(labels: Any, fraction: float, seed: int = 0) -> tuple[np.
     """
     labels = np.asarray(labels)
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(f"`labels` must be a 1-D array of integer labels, got {labels.dtype} shape {labels.shape}.")
+        raise ValueError(
+            f"`labels` must be a 1-D array of integer labels, got {labels.dtype} shape {labels.shape}."
+        )
     fraction = check_number("fraction", fraction, low=0.0, high=1.0, low_inclusive=True, high_inclusive=False)
     seed = check_seed("seed", seed)
     rng = np.random.default_rng(seed)
@@ -647,7 +649,8 @@ def load_digits(
     """scikit-learn's 8x8 digits as a `ClassificationData`; offline, no download.
 
     The split and `classes` are those of `digits_arrays`; batching, shuffling, label noise and
-    `examples` (a subset of the split, e.g. a validation part) those of `from_arrays`. Examples are `(64,)` vectors by default (`models.digits_mlp`).
+    `examples` (a subset of the split, e.g. a validation part) those of `from_arrays`. Examples
+    are `(64,)` vectors by default (`models.digits_mlp`).
 
     Example:
         >>> data = load_digits("train", batch_size=32)

@@ -268,11 +268,12 @@ def test_tuning_never_reads_the_test_split_and_the_choice_is_reported(monkeypatc
     monkeypatch.setattr(run, "run_method", run_method)
     path = _tuned_config_text(tmp_path, (
         "quick: {epochs: 2, burn_in_epochs: 1, label_noise: [0.0],\n"
-        "        tune: {grids: {adam: {learning_rate: [1.0e-4, 1.0e-2]}}}}\n"
+        "        tune: {grids: {adam: {learning_rate: [1.0e-4, 1.0e-2]}}, share: {sgd: adam}}}\n"
         "ood: null\n"
     ))
     out = tmp_path / "out"
-    results = run.run_config(run.load_config(path), out, quick=True, methods="adam", verbose=0, log=lambda *_: None)
+    results = run.run_config(run.load_config(path), out, quick=True, methods="adam,sgd", verbose=0,
+                             log=lambda *_: None)
 
     run_positions = [i for i, e in enumerate(events) if e[0] == "run"]
     runs = [events[i] for i in run_positions]
@@ -286,7 +287,7 @@ def test_tuning_never_reads_the_test_split_and_the_choice_is_reported(monkeypatc
         fit, validation = set(holdout["fit"].tolist()), set(holdout["validation"].tolist())
         assert not fit & validation and fit | validation == set(range(train_size))
         assert len(validation) == pytest.approx(0.2 * train_size, abs=10)  # rounding per class
-    assert [r[2] for r in reported] == ["test"] and reported[0][3] is None
+    assert [r[2] for r in reported] == ["test", "test"] and reported[0][3] is None
 
     # The choice is the trial with the lowest validation NLL (lr 1e-2 learns in two epochs,
     # 1e-4 barely moves), its best epoch sets the reported run's epochs, and both are reported.
@@ -304,6 +305,12 @@ def test_tuning_never_reads_the_test_split_and_the_choice_is_reported(monkeypatc
     table = (out / "table.md").read_text()
     assert f"| Adam | 0% | {100 * record['metrics']['accuracy']:.2f}%" in table
     assert f"learning_rate=0.01, epochs={tuning['chosen']['epochs']}" in table
+    # `share`: SGD is not tuned itself but runs with the settings chosen for Adam.
+    shared = results["runs"][1]
+    assert shared["tuning"]["shared_from"] == "adam" and shared["tuning"]["trials"] == []
+    assert shared["optimizer"]["learning_rate"] == 1.0e-2
+    assert len(shared["history"]["epoch"]) == tuning["chosen"]["epochs"]
+    assert f"epochs={tuning['chosen']['epochs']} (chosen for adam)" in table
 
 
 def test_ood_study_scores_out_of_distribution_digits(tmp_path):
