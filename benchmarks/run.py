@@ -84,9 +84,11 @@ choice. The OOD study (`ood:`) then trains each method, with its chosen settings
 information of the `out_classes` test images against the `in_classes` ones
 (`ood_runs[i].ood`).
 
-Outputs in `--out` (default `runs/<name>`): `results.json` (the resolved config, metrics and
-per-epoch history of every run; NaN written as null), `table.md`, `accuracy.png`, `nll.png`,
-`reliability.png`, and `tensorboard/<method>/noise<pct>/` logs.
+Outputs in `--out` (default `runs/<name>`): `results.json` (the resolved config, the machine,
+metrics and per-epoch history of every run, its tuning trials and choice, the OOD study's runs;
+NaN written as null), `table.md`, `accuracy.png`, `nll.png`, `reliability.png`, and
+`tensorboard/<method>/noise<pct>/` logs (`tensorboard/tuning/...` and `tensorboard/ood/...` for
+the trials and the OOD study).
 
 A TFDS dataset that is not prepared stops the runner with a message that says how to prepare
 it (or to pass `--mock-data`), exit status 2.
