@@ -178,6 +178,11 @@ def test_demo_quick_writes_table_plots_and_tensorboard(tmp_path, capsys):
     for name in ("kinetic_temperature", "xi", "potential", "step_size", "posterior_accuracy", "posterior_nll", "ece"):
         assert f"epoch_{name}" in tags, sorted(tags)
     assert math.isfinite(runs["adam"]["metrics"]["nll"])
+    # The OOD study ran for both and is printed.
+    assert "OOD AUROC, test digits [5, 6, 7, 8, 9]" in printed
+    ood = {r["method"]: r["ood"] for r in results["ood_runs"]}
+    assert list(ood) == ["adam", "sgnht"] and ood["adam"]["auroc_mutual_information"] is None
+    assert 0.0 <= ood["sgnht"]["auroc_predictive_entropy"] <= 1.0
 
 
 # ---------------------------------------------------------------------------------------------
