@@ -49,6 +49,20 @@ Config schema (keys not listed are errors):
         prior_std: 1.0                 # Gaussian prior N(0, std^2); null for a flat prior
         temperature: 1.0
         evaluation: {every_n_steps: 50}   # optional per-method evaluation overrides
+        epochs: 40                     # optional: this method's budget instead of training.epochs
+    tune:                              # optional: choose hyperparameters on a validation split
+      validation_fraction: 0.2         # stratified part of the TRAINING split held out (clean labels)
+      seed: null                       # seed of that hold-out (null: training.seed)
+      label_noise: each                # tune at every noise level, or at this one level for all
+      search: grid                     # every combination, or `axes`: one axis at a time
+      grids:                           # under a method key, or a sampler/optimizer name
+        adam: {learning_rate: [1.0e-3, 3.0e-3]}
+        sgnht: {step_size: [5.0e-3, 1.0e-2], prior_std: [1.0, 3.0], temperature: [1.0]}
+      share: {sgnht_layerwise: sgnht}  # runs with the settings chosen for sgnht, untuned itself
+    ood:                               # optional (digits): an out-of-distribution study
+      in_classes: [0, 1, 2, 3, 4]      # trained on, and their test images held out
+      out_classes: [5, 6, 7, 8, 9]     # test images scored as out-of-distribution
+      label_noise: 0.0                 # trained at this noise level, with its tuned settings
     quick:                             # applied by --quick (a few minutes on a CPU)
       epochs: 2
       train_limit: 2000                # TFDS tasks: first examples of each split
@@ -58,10 +72,25 @@ Config schema (keys not listed are errors):
       every_n_steps: 1
       label_noise: [0.0]
       methods: {tact_hmc: {sample_every: 1}}   # per-method hyperparameter overrides
+      tune: {grids: {adam: {learning_rate: [1.0e-3]}}}   # replaces tune's keys (grids whole)
 
-Outputs in `--out` (default `runs/<name>`): `results.json` (the resolved config, metrics and
-per-epoch history of every run; NaN written as null), `table.md`, `accuracy.png`, `nll.png`,
-`reliability.png`, and `tensorboard/<method>/noise<pct>/` logs.
+Tuning (`tune:`), for every method with a grid: (1) each trial trains on the training split
+less a stratified validation part and is scored by the validation NLL; optimizers by the
+best epoch of their run (early stopping, which sets `epochs`), samplers by their posterior
+average at the end of the budget. Validation labels are clean, like the test split's: the
+label noise belongs to the training procedure (permuted afresh each epoch). (2) The chosen
+settings run on the whole training split and are scored on the test split, which step (1)
+never reads; results.json keeps every trial and the choice (`runs[i].tuning`), table.md the
+choice. The OOD study (`ood:`) then trains each method, with its chosen settings, on
+`in_classes` and reports the AUROC of the predictive entropy and (samplers) the mutual
+information of the `out_classes` test images against the `in_classes` ones
+(`ood_runs[i].ood`).
+
+Outputs in `--out` (default `runs/<name>`): `results.json` (the resolved config, the machine,
+metrics and per-epoch history of every run, its tuning trials and choice, the OOD study's runs;
+NaN written as null), `table.md`, `accuracy.png`, `nll.png`, `reliability.png`, and
+`tensorboard/<method>/noise<pct>/` logs (`tensorboard/tuning/...` and `tensorboard/ood/...` for
+the trials and the OOD study).
 
 A TFDS dataset that is not prepared stops the runner with a message that says how to prepare
 it (or to pass `--mock-data`), exit status 2.
@@ -81,6 +110,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -92,17 +122,24 @@ from typing import Any
 import numpy as np
 import yaml
 
-TOP_LEVEL_KEYS = {"name", "title", "extends", "only", "data", "model", "training", "evaluation", "methods", "quick"}
+TOP_LEVEL_KEYS = {
+    "name", "title", "extends", "only", "data", "model", "training", "evaluation", "methods", "quick", "tune", "ood",
+}
 DATA_KEYS = {"dataset", "options", "label_noise", "eval_batch_size"}
 MODEL_KEYS = {"builder", "options"}
 TRAINING_KEYS = {"epochs", "batch_size", "steps_per_execution", "seed", "num_chains"}
 EVALUATION_KEYS = {"burn_in_epochs", "burn_in_steps", "every_n_steps", "weighting", "num_bins", "check_block_epochs",
                    "max_burn_in_epochs"}
-METHOD_KEYS = {"label", "optimizer", "sampler", "options", "prior_std", "temperature", "evaluation"}
+METHOD_KEYS = {"label", "optimizer", "sampler", "options", "prior_std", "temperature", "evaluation", "epochs"}
 QUICK_KEYS = {
     "epochs", "train_limit", "test_limit", "mock_examples", "burn_in_epochs", "burn_in_steps",
-    "every_n_steps", "label_noise", "methods",
+    "every_n_steps", "label_noise", "methods", "tune",
 }
+TUNE_KEYS = {"validation_fraction", "seed", "label_noise", "search", "grids", "share"}
+TUNE_SEARCHES = ("grid", "axes")
+# Grid keys set on the method itself; every other grid key is an option of its sampler or optimizer.
+METHOD_LEVEL_PARAMETERS = ("prior_std", "temperature")
+OOD_KEYS = {"in_classes", "out_classes", "label_noise"}
 DATASETS = ("digits", "emnist_balanced", "fashion_mnist", "cifar10")
 DEFAULT_MOCK_EXAMPLES = 64
 STRATEGIES = ("none", "mirrored", "multi_worker")
@@ -205,12 +242,130 @@ def load_config(path: str | os.PathLike) -> dict:
             raise ConfigError(f"`methods.{key}` must have exactly one of `optimizer` and `sampler`.")
         method.setdefault("label", key)
         method.setdefault("options", {})
+        if "epochs" in method and (isinstance(method["epochs"], bool) or not isinstance(method["epochs"], int)
+                                   or method["epochs"] < 1):
+            raise ConfigError(f"`methods.{key}.epochs` must be a positive integer, got {method['epochs']!r}.")
         _check_keys(f"methods.{key}.evaluation", method.get("evaluation"), EVALUATION_KEYS)
-    only = config.pop("only", None)
-    if only is not None:
-        config["methods"] = select_methods(methods, only)
     config["title"] = config.get("title") or str(config["name"])
+    if config.get("tune") is not None:
+        config["tune"] = check_tune(config["tune"], config["methods"], "tune")
+    if config["quick"].get("tune") is not None:
+        if config.get("tune") is None:
+            raise ConfigError("`quick.tune` shrinks the `tune:` block, which this config lacks.")
+        quick_tune(config["tune"], config["quick"]["tune"], config["methods"])
+    if config.get("ood") is not None:
+        config["ood"] = check_ood(config["ood"], config["data"])
+    only = config.pop("only", None)
+    return config if only is None else with_methods(config, only)
+
+
+def with_methods(config: dict, keys: list[str] | str) -> dict:
+    """The config with only the methods named in `keys`, and the tuning grids that apply to
+    them; a method whose `tune.share` source is not among them is tuned on its own grid."""
+    methods = select_methods(config["methods"], keys)
+    names = set(methods) | {m.get("sampler", m.get("optimizer")) for m in methods.values()}
+    config = dict(config, methods=methods)
+
+    def narrowed(tune: dict) -> dict:
+        tune = dict(tune, grids={k: v for k, v in (tune.get("grids") or {}).items() if k in names})
+        if "share" in tune:
+            tune["share"] = {k: v for k, v in tune["share"].items() if k in methods and v in methods}
+        return tune
+
+    if config.get("tune") is not None:
+        config["tune"] = narrowed(config["tune"])
+    if (config.get("quick") or {}).get("tune") is not None:
+        config["quick"] = dict(config["quick"], tune=narrowed(config["quick"]["tune"]))
     return config
+
+
+def _fraction(where: str, value: Any, *, open_low: bool, open_high: bool) -> float:
+    """`value` as a float in [0, 1] (ends excluded as asked), or a config error naming `where`."""
+    bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value))
+    if not bad:
+        value = float(value)
+        bad = value < 0 or value > 1 or (open_low and value == 0) or (open_high and value == 1)
+    if bad:
+        ends = ("(" if open_low else "[") + "0, 1" + (")" if open_high else "]")
+        raise ConfigError(f"`{where}` must be a number in {ends}, got {value!r}.")
+    return value
+
+
+def grid_for(tune: dict, key: str, method: dict) -> dict | None:
+    """The grid of `tune.grids` for a method: under its key, else under its sampler/optimizer
+    name; None for a method that is not tuned or takes another's choice (`tune.share`)."""
+    if key in (tune.get("share") or {}):
+        return None
+    grids = tune.get("grids") or {}
+    return grids.get(key, grids.get(method.get("sampler", method.get("optimizer"))))
+
+
+def check_tune(tune: Any, methods: dict, where: str = "tune") -> dict:
+    """The `tune:` block with defaults filled in; refuses unknown keys and malformed grids.
+
+    Each grid maps a hyperparameter to the list of values to try: `prior_std` and `temperature`
+    (samplers) set the method's own keys, any other name an option of its sampler or optimizer.
+    `epochs` is not a grid key: optimizers choose it by validation NLL, samplers keep the
+    training budget.
+    """
+    tune = dict(_check_keys(where, tune, TUNE_KEYS))
+    tune["validation_fraction"] = _fraction(
+        f"{where}.validation_fraction", tune.get("validation_fraction", 0.2), open_low=True, open_high=True)
+    seed = tune.setdefault("seed", None)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ConfigError(f"`{where}.seed` must be a non-negative integer or null, got {seed!r}.")
+    noise = tune.setdefault("label_noise", "each")
+    if noise != "each":
+        tune["label_noise"] = _fraction(f"{where}.label_noise", noise, open_low=False, open_high=False)
+    if tune.setdefault("search", "grid") not in TUNE_SEARCHES:
+        raise ConfigError(f"`{where}.search` must be one of {list(TUNE_SEARCHES)}, got {tune['search']!r}.")
+    grids = tune.setdefault("grids", {})
+    if not isinstance(grids, dict):
+        raise ConfigError(f"`{where}.grids` must be a mapping of method -> grid, got {grids!r}.")
+    names = set(methods) | {m.get("sampler", m.get("optimizer")) for m in methods.values()}
+    for name, grid in grids.items():
+        if name not in names:
+            raise ConfigError(
+                f"`{where}.grids.{name}` names no method key, sampler or optimizer of this config; "
+                f"allowed: {sorted(names)}.")
+        if not isinstance(grid, dict) or not grid:
+            raise ConfigError(
+                f"`{where}.grids.{name}` must be a non-empty mapping of hyperparameter -> values, got {grid!r}.")
+        for parameter, values in grid.items():
+            if parameter == "epochs":
+                raise ConfigError(
+                    f"`{where}.grids.{name}.epochs`: epochs are not a grid key; optimizers choose them by "
+                    "validation NLL, samplers keep `training.epochs`.")
+            if not isinstance(values, list) or not values:
+                raise ConfigError(
+                    f"`{where}.grids.{name}.{parameter}` must be a non-empty list of values, got {values!r}.")
+    share = tune.setdefault("share", {})
+    if not isinstance(share, dict):
+        raise ConfigError(f"`{where}.share` must be a mapping of method key -> method key, got {share!r}.")
+    for key, source in share.items():
+        if key not in methods or source not in methods or source in share or source == key:
+            raise ConfigError(
+                f"`{where}.share.{key}: {source}` must map a method key to another method key that is tuned "
+                f"itself; methods: {sorted(methods)}.")
+    return tune
+
+
+def check_ood(ood: Any, data: dict) -> dict:
+    """The `ood:` block: digits classes to train on and to score as out-of-distribution."""
+    ood = dict(_check_keys("ood", ood, OOD_KEYS))
+    if data["dataset"] != "digits":
+        raise ConfigError(f"`ood` needs `data.dataset: digits` (it selects digit classes), got {data['dataset']!r}.")
+    for key, least in (("in_classes", 2), ("out_classes", 2)):
+        classes = ood.get(key)
+        if (not isinstance(classes, list) or len(classes) < least or len(set(classes)) != len(classes)
+                or any(isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= 9 for c in classes)):
+            raise ConfigError(
+                f"`ood.{key}` must be a list of at least {least} distinct digits in 0..9, got {classes!r}.")
+    if set(ood["in_classes"]) & set(ood["out_classes"]):
+        raise ConfigError(
+            f"`ood.in_classes` {ood['in_classes']} and `ood.out_classes` {ood['out_classes']} must not share a digit.")
+    ood["label_noise"] = _fraction("ood.label_noise", ood.get("label_noise", 0.0), open_low=False, open_high=False)
+    return ood
 
 
 def select_methods(methods: dict, keys: list[str] | str) -> dict:
@@ -241,10 +396,22 @@ def apply_quick(config: dict) -> dict:
         evaluation["every_n_steps"] = quick["every_n_steps"]
     for method in config["methods"].values():
         method.pop("evaluation", None)  # the quick evaluation schedule applies to every method
+        method.pop("epochs", None)  # and the quick budget
     for key, options in (quick.get("methods") or {}).items():
         if key in config["methods"]:
             config["methods"][key]["options"] = _merge(config["methods"][key]["options"], options)
+    if config.get("tune") is not None and quick.get("tune") is not None:
+        config["tune"] = quick_tune(config["tune"], quick["tune"], config["methods"])
     return config
+
+
+def quick_tune(tune: dict, override: Any, methods: dict) -> dict:
+    """The `tune:` block under `quick.tune`: its keys replace the block's, and its `grids`
+    replace the block's grids whole (merged key by key they would keep the long lists)."""
+    override = dict(_check_keys("quick.tune", override, TUNE_KEYS))
+    merged = copy.deepcopy(tune)
+    merged.update(copy.deepcopy(override))
+    return check_tune(merged, methods, "quick.tune")
 
 
 # --------------------------------------------------------------------------------------------
@@ -253,18 +420,26 @@ def apply_quick(config: dict) -> dict:
 
 @dataclasses.dataclass
 class TaskData:
+    """What one run trains on and is scored on.
+
+    `test` is the clean test split for reported runs, and for tuning runs the validation part
+    held out of the training split (`holdout` then records the two parts' indices into the
+    training split). `ood` holds out-of-distribution examples for the OOD study (their labels
+    are placeholders).
+    """
+
     train: Any  # keras_thermo.data.ClassificationData
     test: Any
+    ood: Any = None
+    holdout: dict | None = None
 
 
-def load_task_data(config: dict, label_noise: float, *, quick: bool, mock_data: bool, data_dir: str | None) -> TaskData:
-    """Train split (with label noise) and clean, unshuffled test split of the config's dataset."""
+def _loader(config: dict, *, quick: bool, data_dir: str | None):
+    """`load(split, **kwargs)` for the config's dataset, with its options, seed and quick limits."""
     from keras_thermo import data as kt_data  # noqa: PLC0415 (TensorFlow import is slow)
 
     spec = config["data"]
-    seed = int(config["training"]["seed"])
-    options = dict(spec["options"])
-    common = {"seed": seed}
+    common = {"seed": int(config["training"]["seed"]), **spec["options"]}
     if spec["dataset"] == "digits":
         load = kt_data.load_digits
     else:
@@ -274,29 +449,73 @@ def load_task_data(config: dict, label_noise: float, *, quick: bool, mock_data: 
             "cifar10": kt_data.load_cifar10,
         }[spec["dataset"]]
         common["data_dir"] = data_dir
-    limits = (None, None)
+    limits = {}
     if quick and spec["dataset"] != "digits":
-        limits = (config["quick"].get("train_limit"), config["quick"].get("test_limit"))
+        limits = {split: config["quick"].get(f"{split}_limit") for split in ("train", "test")}
 
-    def both_splits() -> TaskData:
-        extra_train = {} if limits[0] is None else {"limit": int(limits[0])}
-        extra_test = {} if limits[1] is None else {"limit": int(limits[1])}
-        # Minibatches drawn with replacement (independent draws, the papers' protocol): reshuffled
-        # epochs make an epoch's gradient noise sum to zero, which biases the thermostats and
-        # CCAdL/mCCAdL's covariance correction.
-        train = load("train", batch_size=int(config["training"]["batch_size"]), shuffle=True,
-                     with_replacement=True, label_noise=label_noise, **common, **options, **extra_train)
-        test = load("test", batch_size=int(spec["eval_batch_size"]), shuffle=False,
-                    label_noise=0.0, **common, **options, **extra_test)
-        return TaskData(train, test)
+    def load_split(split: str, **kwargs):
+        limit = limits.get(split)
+        return load(split, **common, **({} if limit is None else {"limit": int(limit)}), **kwargs)
+
+    return load_split
+
+
+def load_task_data(config: dict, label_noise: float, *, quick: bool, mock_data: bool, data_dir: str | None,
+                   part: str = "test") -> TaskData:
+    """The training data (with label noise) and the clean, unshuffled data a run is scored on.
+
+    Args:
+        part: `"test"`: the training split and the test split. `"validation"`: the training
+            split cut by `stratified_holdout` (fraction and seed of `tune:`) into the part
+            trained on and the validation part scored on; the test split is not read. `"ood"`:
+            the training and test examples of `ood.in_classes`, and the test examples of
+            `ood.out_classes` as out-of-distribution data.
+    """
+    from keras_thermo import data as kt_data  # noqa: PLC0415
+
+    spec = config["data"]
+    load = _loader(config, quick=quick, data_dir=data_dir)
+    batch_size = int(config["training"]["batch_size"])
+    # Minibatches drawn with replacement (independent draws, the papers' protocol): reshuffled
+    # epochs make an epoch's gradient noise sum to zero, which biases the thermostats and
+    # CCAdL/mCCAdL's covariance correction. The last, smaller batch of a pass is dropped: the
+    # draws are independent anyway, and a batch of a few examples scaled up to N is a kick of
+    # gradient noise once per epoch.
+    training = {"batch_size": batch_size, "shuffle": True, "with_replacement": True, "label_noise": label_noise}
+    scoring = {"batch_size": int(spec["eval_batch_size"]), "shuffle": False, "label_noise": 0.0}
+
+    def train_split(**kwargs):
+        data = load("train", **training, **kwargs)
+        if data.num_examples > batch_size and data.num_examples % batch_size:
+            data = load("train", **training, drop_remainder=True, **kwargs)
+        return data
+
+    def build() -> TaskData:
+        if part == "test":
+            return TaskData(train_split(), load("test", **scoring))
+        if part == "validation":
+            tune = config["tune"]
+            labels = load("train", **scoring).labels
+            seed = int(config["training"]["seed"] if tune["seed"] is None else tune["seed"])
+            kept, held_out = kt_data.stratified_holdout(labels, tune["validation_fraction"], seed)
+            # Validation labels stay clean, like the test split's: the label noise is the training
+            # procedure's (permuted afresh every epoch), not the data's.
+            return TaskData(train_split(examples=kept), load("train", **scoring, examples=held_out),
+                            holdout={"fit": kept, "validation": held_out, "train_examples": len(labels)})
+        if part == "ood":
+            ood = config["ood"]
+            return TaskData(train_split(classes=ood["in_classes"]),
+                            load("test", **scoring, classes=ood["in_classes"]),
+                            ood=load("test", **scoring, classes=ood["out_classes"]))
+        raise ValueError(f"`part` must be 'test', 'validation' or 'ood', got {part!r}.")
 
     if mock_data and spec["dataset"] != "digits":
         import tensorflow_datasets as tfds  # noqa: PLC0415
 
         num_examples = int(config["quick"].get("mock_examples", DEFAULT_MOCK_EXAMPLES))
         with tfds.testing.mock_data(num_examples=num_examples):
-            return both_splits()
-    return both_splits()
+            return build()
+    return build()
 
 
 def build_net(config: dict, seed: int):
@@ -402,6 +621,21 @@ def describe_strategy(strategy) -> dict:
         "num_replicas": int(strategy.num_replicas_in_sync),
         "num_workers": workers,
         "worker_index": int(resolver.task_id) if resolver and resolver.task_id is not None else 0,
+    }
+
+
+def describe_machine() -> dict:
+    """What results.json records about the hardware the figures come from."""
+    import platform  # noqa: PLC0415
+
+    import tensorflow as tf  # noqa: PLC0415
+
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    return {
+        "cpu_cores": len(affinity) if affinity else os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+        "gpus": [device.name for device in tf.config.list_physical_devices("GPU")],
+        "load_average_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
     }
 
 
@@ -569,12 +803,41 @@ def _distributable(dataset, strategy):
     return dataset.with_options(options)
 
 
+def _ood_scores(average, ood_average, probs, net, ood_data) -> dict:
+    """OOD AUROC (`kt.metrics.ood_auroc`) of the predictive entropy, and for a posterior
+    average of the mutual information, of the out-of-distribution examples against the
+    in-distribution test examples; None where there is nothing to score."""
+    import keras  # noqa: PLC0415
+
+    from keras_thermo import metrics as kt_metrics  # noqa: PLC0415
+
+    scores: dict[str, Any] = {"auroc_predictive_entropy": None, "auroc_mutual_information": None}
+    if average is not None:
+        if not (average.num_samples and ood_average.num_samples):
+            return scores
+        scores["auroc_predictive_entropy"] = kt_metrics.ood_auroc(average.predictive_entropy,
+                                                                  ood_average.predictive_entropy)
+        if average.num_samples >= 2:  # one sample has no disagreement to measure
+            scores["auroc_mutual_information"] = kt_metrics.ood_auroc(average.mutual_information,
+                                                                      ood_average.mutual_information)
+    elif probs is not None:
+        logits = np.concatenate([net(x, training=False).numpy() for x, _ in ood_data])
+        ood_probs = keras.ops.convert_to_numpy(keras.ops.softmax(logits.astype(np.float64), axis=-1))
+        if np.all(np.isfinite(probs)) and np.all(np.isfinite(ood_probs)):
+            scores["auroc_predictive_entropy"] = kt_metrics.ood_auroc(kt_metrics.entropy(probs),
+                                                                      kt_metrics.entropy(ood_probs))
+    return scores
+
+
 def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise: float, out: Path, verbose: int,
-               strategy=None) -> dict:
+               strategy=None, *, log_dir: Path | None = None) -> dict:
     """Trains or samples one method at one label-noise level; returns its record for results.json.
 
     With a `tf.distribute` strategy, the network and the model are built and compiled under its
-    scope (so `fit` replicates them); None runs on the default device.
+    scope (so `fit` replicates them); None runs on the default device. With `task.ood`, the
+    record's `ood` holds the OOD AUROC of the predictive entropy (and, for samplers, of the
+    mutual information) of those examples against `task.test`'s. `log_dir`: TensorBoard folder
+    (default `out/tensorboard/<key>/noise<pct>`).
     """
     import keras  # noqa: PLC0415
 
@@ -583,18 +846,23 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
 
     training = config["training"]
     seed = int(training["seed"])
+    epochs = int(method.get("epochs", training["epochs"]))
+
     def scope():  # a fresh context each time: a strategy's scope cannot be re-entered
         return strategy.scope() if strategy is not None else contextlib.nullcontext()
 
     with scope():
         net = build_net(config, seed)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    log_dir = out / "tensorboard" / key / f"noise{round(100 * label_noise)}"
+    log_dir = log_dir or out / "tensorboard" / key / f"noise{round(100 * label_noise)}"
+    # Out-of-distribution examples have no label among the trained classes: placeholders.
+    ood_data = None if task.ood is None else task.ood.dataset.map(lambda x, y: (x, y * 0))
     num_bins = int(config["evaluation"].get("num_bins", 15))
     point = _point_estimate_callback(task.test, num_bins)
     callbacks: list = [point]
-    average = None
-    record: dict[str, Any] = {"method": key, "label": method["label"], "label_noise": label_noise}
+    average = ood_average = None
+    record: dict[str, Any] = {"method": key, "label": method["label"], "label_noise": label_noise,
+                              "method_config": copy.deepcopy(method)}
     if "sampler" in method:
         sampler = build_sampler(method)
         schedule = _evaluation_schedule(config, method, task.train.steps_per_epoch, sampler)
@@ -618,6 +886,10 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
             task.test, burn_in, schedule["every_n_steps"], weighting=schedule["weighting"], num_bins=num_bins,
         )
         callbacks[:0] = [check, average]
+        if ood_data is not None:  # the same samples, scored on the out-of-distribution examples
+            ood_average = PosteriorAverage(ood_data, burn_in, schedule["every_n_steps"],
+                                           weighting=schedule["weighting"])
+            callbacks.insert(2, ood_average)
         record.update(kind="sampler", sampler=sampler.get_config() | {"name": sampler.name}, evaluation=schedule,
                       num_chains=int(training["num_chains"]))
     else:
@@ -636,7 +908,7 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
         train = task.train.dataset
         if "sampler" in method:
             train = chain_batches(train, int(training["num_chains"]))
-        history = model.fit(_distributable(train, strategy), epochs=int(training["epochs"]),
+        history = model.fit(_distributable(train, strategy), epochs=epochs,
                             callbacks=callbacks, shuffle=False, verbose=verbose)  # the dataset shuffles itself
     except kt.SamplerDivergedError as error:
         status, message = "diverged", str(error)
@@ -668,15 +940,151 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
         probs = point.last_probs
         if not np.isfinite(history_dict.get("loss", [0.0])[-1]):
             status, message = "diverged", "The training loss became NaN."
+    if ood_data is not None:
+        record["ood"] = _ood_scores(average, ood_average, probs, net, ood_data)
     record.update(
         status=status, message=message, seconds=seconds, num_examples=task.train.num_examples,
-        steps=int(training["epochs"]) * task.train.steps_per_epoch, metrics=metrics,
+        steps=epochs * task.train.steps_per_epoch, metrics=metrics,
         history={"epoch": list(range(1, len(next(iter(history_dict.values()), [])) + 1)), **history_dict},
         tensorboard=str(log_dir),
     )
     record["_probs"] = probs  # for the reliability diagram; not written to JSON
     record["_labels"] = task.test.labels
     return record
+
+
+# --------------------------------------------------------------------------------------------
+# Tuning on a validation split of the training data
+
+
+def apply_settings(method: dict, settings: dict) -> dict:
+    """A copy of `method` with tuned values set: `prior_std`, `temperature` and `epochs` on the
+    method, anything else in its `options`."""
+    method = copy.deepcopy(method)
+    for name, value in settings.items():
+        if name in METHOD_LEVEL_PARAMETERS or name == "epochs":
+            method[name] = value
+        else:
+            method["options"][name] = value
+    return method
+
+
+def _configured_value(method: dict, name: str) -> Any:
+    if name in METHOD_LEVEL_PARAMETERS:
+        return method.get(name, 1.0 if name == "temperature" else None)
+    return method["options"].get(name)
+
+
+def grid_points(grid: dict) -> list[dict]:
+    """Every combination of the grid's values, the last key varying fastest."""
+    names = list(grid)
+    return [dict(zip(names, values)) for values in itertools.product(*(grid[n] for n in names))]
+
+
+def validation_score(record: dict) -> tuple[float, int | None]:
+    """(validation NLL, epochs) of a tuning run; NLL inf when it gives nothing to score.
+
+    Optimizers: the lowest NLL of the weights after any epoch, and that epoch (early stopping
+    by validation NLL); samplers: the NLL of the posterior average at the end of the run.
+    """
+    if record["kind"] == "optimizer":
+        curve = np.array([np.nan if v is None else v for v in record["history"].get("test_nll", [])], dtype=float)
+        if not np.any(np.isfinite(curve)):
+            return math.inf, None
+        best = int(np.nanargmin(np.where(np.isfinite(curve), curve, np.nan)))
+        return float(curve[best]), best + 1
+    nll = record["metrics"]["nll"]
+    if record["status"] != "ok" or nll is None or not math.isfinite(nll):
+        return math.inf, None
+    return float(nll), None
+
+
+def tune_method(key: str, method: dict, config: dict, new_task, label_noise: float, out: Path, verbose,
+                strategy=None, log=print) -> dict:
+    """Chooses a method's hyperparameters by validation NLL; returns the tuning record.
+
+    Every trial trains on the `train` of a fresh `new_task()` (the training split less the
+    validation part; fresh, so every trial draws the same minibatches and label noise) and is
+    scored on its `test` (the validation part); nothing here reads the test split. `search:
+    grid` tries every combination of the method's grid; `search: axes` tries one axis at a
+    time in the grid's order, the others held at the best values so far (starting from the
+    method's configured value where the grid lists it, else the first), re-using repeated
+    settings. Ties go to the earlier trial.
+    """
+    tune = config["tune"]
+    grid = grid_for(tune, key, method)
+    trials: list[dict] = []
+    scored: dict[str, dict] = {}
+
+    def evaluate(settings: dict) -> dict:
+        signature = json.dumps(settings, sort_keys=True, default=str)
+        if signature in scored:
+            return scored[signature]
+        log(f"    tuning {method['label']} ({round(100 * label_noise)}% permuted), trial {len(trials) + 1}: "
+            + _describe(settings))
+        task = new_task()
+        record = run_method(key, apply_settings(method, settings), config, task, label_noise, out, verbose, strategy,
+                            log_dir=out / "tensorboard" / "tuning" / key / f"noise{round(100 * label_noise)}"
+                            / f"trial{len(trials) + 1}")
+        nll, epochs = validation_score(record)
+        trial = {"settings": settings, "status": record["status"], "validation_nll": nll,
+                 "validation_accuracy": record["metrics"]["accuracy"], "seconds": record["seconds"]}
+        if record["kind"] == "optimizer":
+            trial["epochs"] = epochs
+        log(f"      validation NLL {_number(nll)}" + (f" after {epochs} epochs" if epochs else ""))
+        trials.append(trial)
+        scored[signature] = trial
+        return trial
+
+    if tune["search"] == "grid":
+        for settings in grid_points(grid):
+            evaluate(settings)
+    else:
+        current = {name: (_configured_value(method, name) if _configured_value(method, name) in values else values[0])
+                   for name, values in grid.items()}
+        for name, values in grid.items():
+            best = min((evaluate(dict(current, **{name: v})) for v in values), key=lambda t: t["validation_nll"])
+            current = dict(best["settings"])
+    best = min(trials, key=lambda t: t["validation_nll"])  # min keeps the first of equal scores
+    chosen = dict(best["settings"])
+    if "epochs" in best and best["epochs"] is not None:
+        chosen["epochs"] = best["epochs"]
+    task = new_task()
+    holdout = task.holdout or {}
+    return {
+        "label_noise": label_noise,
+        "search": tune["search"],
+        "grid": grid,
+        "validation": {
+            "fraction": tune["validation_fraction"],
+            "train_examples": holdout.get("train_examples"),
+            "fit_examples": int(task.train.num_examples),
+            "validation_examples": int(task.test.num_examples),
+        },
+        "chosen": chosen,
+        "validation_nll": best["validation_nll"],
+        "all_trials_failed": not math.isfinite(best["validation_nll"]),
+        "trials": trials,
+    }
+
+
+def tuning_levels(config: dict) -> list[float]:
+    """The label-noise levels tuned at: each run level (and the OOD study's) or the one named."""
+    tune = config["tune"]
+    if tune["label_noise"] != "each":
+        return [float(tune["label_noise"])]
+    levels = list(config["data"]["label_noise"])
+    if config.get("ood") is not None and config["ood"]["label_noise"] not in levels:
+        levels.append(config["ood"]["label_noise"])
+    return levels
+
+
+def _describe(settings: dict) -> str:
+    return ", ".join(f"{name}={_value(value)}" for name, value in settings.items()) or "configured"
+
+
+def _value(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 # --------------------------------------------------------------------------------------------
@@ -699,8 +1107,9 @@ def _temperature(temperatures: dict, kind: str) -> str:
     return "n/a" if mean is None or not math.isfinite(mean) else f"{mean:.3f} +- {error:.3f}"
 
 
-def markdown_table(config: dict, runs: list[dict]) -> str:
-    """Table 1 layout (accuracy, methods x % permuted labels), then every metric per run."""
+def markdown_table(config: dict, runs: list[dict], ood_runs: list[dict] | None = None) -> str:
+    """Table 1 layout (accuracy, methods x % permuted labels); with `tune:` or `ood:` a summary
+    with the chosen hyperparameters and the OOD AUROC; then every metric per run."""
     noises = list(dict.fromkeys(r["label_noise"] for r in runs))
     methods = list(dict.fromkeys(r["method"] for r in runs))
     by_key = {(r["method"], r["label_noise"]): r for r in runs}
@@ -721,6 +1130,10 @@ def markdown_table(config: dict, runs: list[dict]) -> str:
         "",
         "Samplers: accuracy of the posterior-averaged predictive distribution; optimizers: of "
         "the final weights.",
+    ]
+    if config.get("tune") is not None or ood_runs:
+        lines += ["", *_summary_table(config, runs, ood_runs or [])]
+    lines += [
         "",
         f"### {config['title']}: all metrics",
         "",
@@ -750,6 +1163,125 @@ def markdown_table(config: dict, runs: list[dict]) -> str:
         "the whole net at T, or at the configured maximum burn-in.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _summary_table(config: dict, runs: list[dict], ood_runs: list[dict]) -> list[str]:
+    """Test metrics with the OOD AUROC and the chosen hyperparameters, and the protocol."""
+    ood = config.get("ood")
+    ood_by_method = {r["method"]: r for r in ood_runs}
+    lines = [
+        f"### {config['title']}: tuned settings, test metrics and OOD AUROC",
+        "",
+        "| method | % permuted | accuracy | NLL | ECE | Brier | OOD AUROC, entropy | OOD AUROC, MI | "
+        "chosen hyperparameters | validation NLL |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for run in runs:
+        m = run["metrics"]
+        scores = {}
+        if ood and run["label_noise"] == ood["label_noise"]:
+            scores = ood_by_method.get(run["method"], {}).get("ood") or {}
+        tuning = run.get("tuning")
+        chosen = "configured: " + _describe(_settings(run))
+        if tuning:
+            chosen = _describe(tuning["chosen"]) + (" (all trials failed)" if tuning["all_trials_failed"] else "")
+            if tuning.get("shared_from"):
+                chosen += f" (chosen for {tuning['shared_from']})"
+        lines.append(
+            f"| {run['label']} | {round(100 * run['label_noise'])}% | {_percent(m['accuracy'])}"
+            + ("" if run["status"] == "ok" else f" ({run['status']})")
+            + f" | {_number(m['nll'])} | {_number(m['ece'])} | {_number(m['brier'])} | "
+            f"{_number(scores.get('auroc_predictive_entropy'), 3) if scores else ''} | "
+            f"{_number(scores.get('auroc_mutual_information'), 3) if scores else ''} | {chosen} | "
+            f"{_number(tuning['validation_nll']) if tuning else ''} |"
+        )
+    lines.append("")
+    if config.get("tune") is not None:
+        tune = config["tune"]
+        level = ("at each noise level" if tune["label_noise"] == "each"
+                 else f"once, at {round(100 * tune['label_noise'])}% permuted labels, for every level")
+        lines.append(
+            f"Tuning ({tune['search']} search, {level}): each method's grid is tried on the training split "
+            f"less a stratified {round(100 * tune['validation_fraction'])}% validation part (clean labels), "
+            "and scored by validation NLL: optimizers by their best epoch (which sets `epochs`), samplers by "
+            "their posterior average. The chosen settings are then run on the whole training split and "
+            "scored on the test split, which the tuning never reads."
+        )
+    lines += ["", *_comparisons(runs, ood_runs)]
+    if ood is not None:
+        lines.append(
+            f"OOD: each method (with the settings chosen at {round(100 * ood['label_noise'])}% permuted labels) "
+            f"is trained on digits {ood['in_classes']} and the test images of {ood['out_classes']} are scored "
+            f"against the test images of {ood['in_classes']} (AUROC, OOD = positive, higher = better): by the "
+            "predictive entropy, and for samplers also by the mutual information between label and weights. "
+            "Optimizers have no mutual information (one set of weights)."
+        )
+        lines += [
+            "",
+            f"| OOD study | accuracy on {ood['in_classes']} | NLL | AUROC, entropy | AUROC, MI | samples |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for run in ood_runs:
+            m, scores = run["metrics"], run["ood"]
+            lines.append(
+                f"| {run['label']} | {_percent(m['accuracy'])} | {_number(m['nll'])} | "
+                f"{_number(scores['auroc_predictive_entropy'], 3)} | "
+                f"{_number(scores['auroc_mutual_information'], 3)} | "
+                f"{m['num_samples']} |"
+            )
+    return lines
+
+
+def _comparisons(runs: list[dict], ood_runs: list[dict]) -> list[str]:
+    """Samplers against the best optimizer, per noise level: accuracy (at least as accurate?),
+    NLL and OOD AUROC (ahead?). The best optimizer is picked on the test split, so each
+    sampler is held to the strongest baseline that was run."""
+    lines = []
+    samplers = [r for r in runs if r["kind"] == "sampler"]
+    for noise in dict.fromkeys(r["label_noise"] for r in runs):
+        optimizers = [r for r in runs if r["kind"] == "optimizer" and r["label_noise"] == noise and r["status"] == "ok"]
+        here = [r for r in samplers if r["label_noise"] == noise]
+        if not optimizers or not here:
+            continue
+        best_accuracy = max(optimizers, key=lambda r: r["metrics"]["accuracy"])
+        best_nll = min(optimizers, key=lambda r: r["metrics"]["nll"])
+        n = len(best_accuracy["_labels"]) if best_accuracy.get("_labels") is not None else None
+        bar = best_accuracy["metrics"]["accuracy"]
+        as_accurate = [r["label"] for r in here if (r["metrics"]["accuracy"] or 0) >= bar]
+        lower_nll = [r["label"] for r in here if (r["metrics"]["nll"] or math.inf) < best_nll["metrics"]["nll"]]
+        lines.append(
+            f"- {round(100 * noise)}% permuted: best optimizer accuracy {best_accuracy['label']} "
+            f"{_percent(best_accuracy['metrics']['accuracy'])}"
+            + (f" (one test image = {100 / n:.2f}%)" if n else "")
+            + f"; samplers at least as accurate: {len(as_accurate)}/{len(here)} ({', '.join(as_accurate) or 'none'}). "
+            f"Best optimizer NLL {best_nll['label']} {_number(best_nll['metrics']['nll'])}; samplers below it: "
+            f"{len(lower_nll)}/{len(here)} ({', '.join(lower_nll) or 'none'})."
+        )
+    optimizers = [r for r in ood_runs if r["kind"] == "optimizer" and r["ood"]["auroc_predictive_entropy"] is not None]
+    sampled = [r for r in ood_runs if r["kind"] == "sampler"]
+    if optimizers and sampled:
+        best = max(optimizers, key=lambda r: r["ood"]["auroc_predictive_entropy"])
+        bar = best["ood"]["auroc_predictive_entropy"]
+        by_entropy = [r["label"] for r in sampled if (r["ood"]["auroc_predictive_entropy"] or 0) > bar]
+        by_mutual = [r["label"] for r in sampled if (r["ood"]["auroc_mutual_information"] or 0) > bar]
+        lines.append(
+            f"- OOD: best optimizer AUROC {best['label']} {bar:.3f} (predictive entropy); samplers above it by "
+            f"predictive entropy: {len(by_entropy)}/{len(sampled)} ({', '.join(by_entropy) or 'none'}); by mutual "
+            f"information: {len(by_mutual)}/{len(sampled)} ({', '.join(by_mutual) or 'none'})."
+        )
+    return lines
+
+
+def _settings(run: dict) -> dict:
+    """The hyperparameters a run's config set (the sampler's or optimizer's options, and a
+    sampler's prior std and temperature)."""
+    method = run.get("method_config") or {}
+    settings = {k: v for k, v in (method.get("options") or {}).items() if k not in ("preconditioner",)}
+    if run["kind"] == "sampler":
+        settings.update(prior_std=method.get("prior_std"), temperature=method.get("temperature", 1.0))
+    if "epochs" in method:
+        settings["epochs"] = method["epochs"]
+    return settings
 
 
 def _curve(history: dict, name: str) -> list[float]:
@@ -836,6 +1368,10 @@ def run_config(
 ) -> dict:
     """Runs every method of a loaded config at every label-noise level and writes the reports.
 
+    With a `tune:` block, each method with a grid is first tuned on a validation part of the
+    training split (`tune_method`), and the reported runs use the chosen settings; with an
+    `ood:` block, the OOD study follows (module doc).
+
     Args:
         config: From `load_config`.
         out: Output folder (created).
@@ -855,27 +1391,93 @@ def run_config(
     if quick:
         config = apply_quick(config)
     if methods:
-        config = dict(config, methods=select_methods(config["methods"], methods))
-    for method in config["methods"].values():  # fail on a bad method before training anything
-        build_sampler(method) if "sampler" in method else build_optimizer(method)
+        config = with_methods(config, methods)
+    tune = config.get("tune")
+    for key, method in config["methods"].items():  # fail on a bad method or grid before training anything
+        source = tune["share"].get(key, key) if tune else key
+        grid = grid_for(tune, source, config["methods"][source]) if tune else None
+        for settings in grid_points(grid) if grid else [{}]:
+            trial = apply_settings(method, settings)
+            build_sampler(trial) if "sampler" in trial else build_optimizer(trial)
     config = adapt_to_strategy(config, strategy, log)
     out = output_folder(out, strategy)
     out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    loading = {"quick": quick, "mock_data": mock_data, "data_dir": data_dir}
+
+    # 1. Tuning: every trial is scored on a validation part of the training split. The test
+    # split is first read in step 2, after every choice is made.
+    tuned: dict[float, dict] = {}
+    if tune:
+        for noise in tuning_levels(config):
+            def new_task(noise=noise):
+                return load_task_data(config, noise, part="validation", **loading)
+
+            tuning_task = new_task()
+            log(f"Tuning at {round(100 * noise)}% permuted labels on {tuning_task.train.num_examples} training "
+                f"examples, scored on {tuning_task.test.num_examples} held out of the training split")
+            for key, method in config["methods"].items():
+                if grid_for(tune, key, method):
+                    tuned.setdefault(noise, {})[key] = tune_method(
+                        key, method, config, new_task, noise, out, verbose, strategy, log)
+                    log(f"    {method['label']}: chosen {_describe(tuned[noise][key]['chosen'])}")
+
+    def tuned_run(key: str, method: dict, noise: float) -> tuple[dict, dict | None]:
+        """The method with the settings chosen for this noise level (for a method under
+        `tune.share`, those chosen for the method it names), and the tuning record."""
+        if tune is None:
+            return method, None
+        level = noise if tune["label_noise"] == "each" else float(tune["label_noise"])
+        source = tune["share"].get(key)
+        tuning = tuned.get(level, {}).get(source or key)
+        if tuning is None:
+            return method, None
+        if source is not None:
+            tuning = dict(tuning, shared_from=source, trials=[])
+        return apply_settings(method, tuning["chosen"]), tuning
+
+    # 2. Reported runs: the whole training split, scored on the test split.
     runs = []
     total = len(config["methods"]) * len(config["data"]["label_noise"])
-    started = time.perf_counter()
     for noise in config["data"]["label_noise"]:
-        task = load_task_data(config, noise, quick=quick, mock_data=mock_data, data_dir=data_dir)
         for key, method in config["methods"].items():
+            # Data loaded afresh for every run: each run draws the same minibatches and label
+            # noise whatever runs before it (a dataset counts its passes).
+            task = load_task_data(config, noise, **loading)
+            chosen_method, tuning = tuned_run(key, method, noise)
             log(f"[{len(runs) + 1}/{total}] {method['label']}, {round(100 * noise)}% permuted labels: "
-                f"{config['training']['epochs']} epochs of {task.train.steps_per_epoch} steps, "
-                f"N = {task.train.num_examples}")
-            run = run_method(key, method, config, task, noise, out, verbose, strategy)
+                f"{chosen_method.get('epochs', config['training']['epochs'])} epochs of "
+                f"{task.train.steps_per_epoch} steps, "
+                f"N = {task.train.num_examples}" + (f"; tuned: {_describe(tuning['chosen'])}" if tuning else ""))
+            run = run_method(key, chosen_method, config, task, noise, out, verbose, strategy)
+            if tuning is not None:
+                run["tuning"] = tuning
             m = run["metrics"]
             log(f"    {run['status']} in {run['seconds']:.1f} s: accuracy {_percent(m['accuracy'])}, "
                 f"NLL {_number(m['nll'])}, ECE {_number(m['ece'])}, samples {m['num_samples']}")
             runs.append(run)
-    table = markdown_table(config, runs)
+
+    # 3. The OOD study: train on ood.in_classes, score the test images of ood.out_classes
+    # against the held-out test images of ood.in_classes.
+    ood_runs = []
+    if config.get("ood") is not None:
+        ood = config["ood"]
+        ood_config = copy.deepcopy(config)
+        ood_config["model"]["options"]["num_classes"] = len(ood["in_classes"])
+        for key, method in config["methods"].items():
+            task = load_task_data(ood_config, ood["label_noise"], part="ood", **loading)
+            chosen_method, tuning = tuned_run(key, method, ood["label_noise"])
+            log(f"[OOD {len(ood_runs) + 1}/{len(config['methods'])}] {method['label']}: digits {ood['in_classes']} "
+                f"({task.train.num_examples} examples) against {ood['out_classes']}")
+            run = run_method(key, chosen_method, ood_config, task, ood["label_noise"], out, verbose, strategy,
+                             log_dir=out / "tensorboard" / "ood" / key)
+            if tuning is not None:
+                run["tuning"] = {k: tuning[k] for k in ("label_noise", "chosen")}
+            scores = run["ood"]
+            log(f"    {run['status']}: OOD AUROC predictive entropy {_number(scores['auroc_predictive_entropy'])}, "
+                f"mutual information {_number(scores['auroc_mutual_information'])}")
+            ood_runs.append(run)
+    table = markdown_table(config, runs, ood_runs)
     (out / "table.md").write_text(table, encoding="utf-8")
     plots = write_plots(config, runs, out)
     results = {
@@ -884,9 +1486,11 @@ def run_config(
         "quick": quick,
         "mock_data": mock_data,
         "distribute": describe_strategy(strategy),
+        "machine": describe_machine(),
         "seconds": time.perf_counter() - started,
         "config": config,
         "runs": [{k: v for k, v in run.items() if not k.startswith("_")} for run in runs],
+        "ood_runs": [{k: v for k, v in run.items() if not k.startswith("_")} for run in ood_runs],
         "table": "table.md",
         "plots": [Path(p).name for p in plots],
     }

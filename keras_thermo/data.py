@@ -145,6 +145,42 @@ def permute_labels(labels: Any, fraction: float, rng: np.random.Generator) -> np
     return array[label_permutation(array.shape[0], fraction, rng)]
 
 
+def stratified_holdout(labels: Any, fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Splits example indices into a kept and a held-out part, class by class.
+
+    Within each class c (in increasing order), `floor(fraction * n_c + 1/2)` of its examples,
+    chosen by one `np.random.default_rng(seed)` permutation per class, are held out. The digits
+    train/test split is this split of the whole dataset; a validation split carved from a
+    training split is this split of the training labels.
+
+    Args:
+        labels: `[N]` integer class labels.
+        fraction: Fraction of each class to hold out, in `[0, 1)`.
+        seed: Seed of the draw, in `[0, 2**31)`.
+
+    Returns:
+        `(kept, held_out)`: sorted int64 index arrays, disjoint, together `0..N-1`.
+
+    Example:
+        >>> kept, held_out = stratified_holdout([0, 0, 0, 0, 1, 1, 1, 1], 0.25, seed=0)
+        >>> len(kept), len(held_out)
+        (6, 2)
+    """
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(
+            f"`labels` must be a 1-D array of integer labels, got {labels.dtype} shape {labels.shape}."
+        )
+    fraction = check_number("fraction", fraction, low=0.0, high=1.0, low_inclusive=True, high_inclusive=False)
+    seed = check_seed("seed", seed)
+    rng = np.random.default_rng(seed)
+    held = np.zeros(labels.shape[0], dtype=bool)
+    for label in np.unique(labels):
+        members = np.flatnonzero(labels == label)
+        held[rng.permutation(members)[: num_permuted_labels(members.size, fraction)]] = True
+    return np.flatnonzero(~held).astype(np.int64), np.flatnonzero(held).astype(np.int64)
+
+
 def epoch_plan(
     labels: Any, epoch: int, *, shuffle: bool, label_noise: float, seed: int, with_replacement: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -223,6 +259,7 @@ def from_arrays(
     scale: float | None = None,
     drop_remainder: bool = False,
     with_replacement: bool = False,
+    examples: Sequence[int] | None = None,
     name: str = "arrays",
     split: str = "",
 ) -> ClassificationData:
@@ -252,6 +289,8 @@ def from_arrays(
             (`epoch_plan`), so minibatches are independent draws, as the samplers' thermostats and
             CCAdL/mCCAdL's covariance estimate assume; the dataset is marked for
             `BayesianModel.fit` (`mark_with_replacement`).
+        examples: Keep only these examples (indices into `x` and `y`, in this order), e.g. the
+            parts of a `stratified_holdout`; None keeps all.
         name: Name recorded in the metadata.
         split: Split recorded in the metadata.
 
@@ -283,6 +322,16 @@ def from_arrays(
     if not np.issubdtype(labels.dtype, np.integer):
         raise TypeError(f"`y` must hold integers, got dtype {labels.dtype}.")
     labels = labels.astype(np.int64)
+    if examples is not None:
+        examples = np.asarray(examples)
+        if examples.ndim != 1 or examples.size < 1 or not np.issubdtype(examples.dtype, np.integer) or (
+            examples.min() < 0 or examples.max() >= features.shape[0]
+        ):
+            raise ValueError(
+                f"`examples` must be a non-empty 1-D array of indices in [0, {features.shape[0]}), got "
+                f"{examples if examples.size <= 10 else f'shape {examples.shape}'}."
+            )
+        features, labels = features[examples], labels[examples]
     if labels.min() < 0:
         raise ValueError(f"`y` must be non-negative class indices, got minimum {labels.min()}.")
     if num_classes is None:
@@ -410,6 +459,7 @@ def load_classification(
     limit: int | None = None,
     drop_remainder: bool = False,
     with_replacement: bool = False,
+    examples: Sequence[int] | None = None,
 ) -> ClassificationData:
     """Loads a supervised image-classification split from TensorFlow Datasets.
 
@@ -433,6 +483,7 @@ def load_classification(
         limit: Keep only the first `limit` examples of the split (storage order).
         drop_remainder: Drop a last, smaller batch.
         with_replacement: Draw each pass's examples with replacement (see `from_arrays`).
+        examples: Keep only these examples of the split (after `limit`; see `from_arrays`).
 
     Returns:
         A `ClassificationData`.
@@ -462,6 +513,7 @@ def load_classification(
         scale=1.0 / _TFDS_PIXEL_MAX if normalize else None,
         drop_remainder=drop_remainder,
         with_replacement=with_replacement,
+        examples=examples,
         name=name,
         split=split,
     )
@@ -561,11 +613,8 @@ def _digits_split(
     pixels = bunch.data.astype(np.uint8)
     labels = bunch.target.astype(np.int64)
 
-    rng = np.random.default_rng(split_seed)
     in_test = np.zeros(labels.shape[0], dtype=bool)
-    for digit in range(10):
-        members = np.flatnonzero(labels == digit)
-        in_test[rng.permutation(members)[: num_permuted_labels(members.size, test_fraction)]] = True
+    in_test[stratified_holdout(labels, test_fraction, split_seed)[1]] = True
     keep = in_test if split == "test" else ~in_test
 
     if classes is not None:
@@ -595,11 +644,13 @@ def load_digits(
     normalize: bool = True,
     drop_remainder: bool = False,
     with_replacement: bool = False,
+    examples: Sequence[int] | None = None,
 ) -> ClassificationData:
     """scikit-learn's 8x8 digits as a `ClassificationData`; offline, no download.
 
-    The split and `classes` are those of `digits_arrays`; batching, shuffling and label noise
-    those of `from_arrays`. Examples are `(64,)` vectors by default (`models.digits_mlp`).
+    The split and `classes` are those of `digits_arrays`; batching, shuffling, label noise and
+    `examples` (a subset of the split, e.g. a validation part) those of `from_arrays`. Examples
+    are `(64,)` vectors by default (`models.digits_mlp`).
 
     Example:
         >>> data = load_digits("train", batch_size=32)
@@ -619,6 +670,7 @@ def load_digits(
         scale=1.0 / _DIGITS_PIXEL_MAX if normalize else None,
         drop_remainder=drop_remainder,
         with_replacement=with_replacement,
+        examples=examples,
         name="digits" if classes is None else f"digits[{','.join(str(c) for c in classes)}]",
         split=split,
     )

@@ -366,3 +366,42 @@ def test_random_minibatches_draw_with_replacement_reproducibly():
     assert any(len(np.unique(batch)) < 50 for batch in first)
     full = next(iter(random_minibatches(x, x, 100, seed=0)))
     np.testing.assert_array_equal(full[0].numpy(), x)
+
+
+def test_stratified_holdout_is_disjoint_complete_and_per_class():
+    labels = np.repeat(np.arange(3), [10, 7, 4])
+    kept, held_out = data.stratified_holdout(labels, 0.25, seed=3)
+    assert not set(kept) & set(held_out) and sorted([*kept, *held_out]) == list(range(21))
+    # floor(0.25 n_c + 1/2) per class: 10 -> 3 (2.5 rounds up), 7 -> 2, 4 -> 1.
+    np.testing.assert_array_equal(np.bincount(labels[held_out], minlength=3), [3, 2, 1])
+    again = data.stratified_holdout(labels, 0.25, seed=3)[1]
+    other = data.stratified_holdout(labels, 0.25, seed=4)[1]
+    np.testing.assert_array_equal(held_out, again)
+    assert not np.array_equal(held_out, other)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(labels=[0.5, 1.0], fraction=0.5), "`labels` must be a 1-D array of integer labels"),
+        (dict(labels=[[0, 1]], fraction=0.5), "`labels` must be a 1-D array"),
+        (dict(labels=[0, 1], fraction=1.0), "`fraction`"),
+        (dict(labels=[0, 1], fraction=-0.1), "`fraction`"),
+    ],
+)
+def test_stratified_holdout_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        data.stratified_holdout(**kwargs)
+
+
+def test_load_digits_examples_keeps_those_rows_in_order():
+    x_train, y_train = data.digits_arrays("train")
+    kept, held_out = data.stratified_holdout(y_train, 0.2, seed=0)
+    part = data.load_digits("train", batch_size=1000, shuffle=False, examples=held_out[::-1])
+    x, y, _ = collect(part.dataset)
+    np.testing.assert_array_equal(x, x_train[held_out[::-1]])
+    np.testing.assert_array_equal(y, y_train[held_out[::-1]])
+    assert part.num_examples == len(held_out)
+    for bad in ([], [len(y_train)], [-1], [0.5]):
+        with pytest.raises(ValueError, match="`examples` must be a non-empty 1-D array of indices"):
+            data.load_digits("train", batch_size=8, examples=np.array(bad))

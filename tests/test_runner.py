@@ -3,6 +3,7 @@
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -180,6 +181,165 @@ def test_demo_quick_writes_table_plots_and_tensorboard(tmp_path, capsys):
     for name in ("kinetic_temperature", "xi", "potential", "step_size", "posterior_accuracy", "posterior_nll", "ece"):
         assert f"epoch_{name}" in tags, sorted(tags)
     assert math.isfinite(runs["adam"]["metrics"]["nll"])
+    # The OOD study ran for both and is printed.
+    assert "OOD AUROC, test digits [5, 6, 7, 8, 9]" in printed
+    ood = {r["method"]: r["ood"] for r in results["ood_runs"]}
+    assert list(ood) == ["adam", "sgnht"] and ood["adam"]["auroc_mutual_information"] is None
+    assert 0.0 <= ood["sgnht"]["auroc_predictive_entropy"] <= 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Tuning on a validation split, and the OOD study
+
+TUNED = CONFIGS / "digits_tuned.yaml"
+
+
+def _tuned_config_text(tmp_path, extra: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(f"extends: {TUNED}\n{extra}")
+    return path
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        ("tune: {grids: {adam: {epochs: [10, 20]}}}", r"epochs are not a grid key"),
+        ("tune: {grids: {nope: {learning_rate: [1.0e-3]}}}", r"`tune.grids.nope` names no method"),
+        ("tune: {grids: {adam: {learning_rate: []}}}", r"`tune.grids.adam.learning_rate` must be a non-empty list"),
+        ("tune: {grids: {adam: {learning_rate: 1.0e-3}}}", r"must be a non-empty list of values, got 0.001"),
+        ("tune: {validation_fraction: 1.0}", r"`tune.validation_fraction` must be a number in \(0, 1\), got 1.0"),
+        ("tune: {validation_fraction: 0}", r"`tune.validation_fraction` must be a number in \(0, 1\)"),
+        ("tune: {label_noise: 2}", r"`tune.label_noise` must be a number in \[0, 1\], got 2"),
+        ("tune: {search: random}", r"`tune.search` must be one of \['grid', 'axes'\], got 'random'"),
+        ("tune: {seed: -1}", r"`tune.seed` must be a non-negative integer"),
+        ("tune: {folds: 5}", r"`tune` has unknown keys \['folds'\]"),
+        ("tune: {share: {sgnht_layerwise: nope}}", r"`tune.share.sgnht_layerwise: nope` must map"),
+        ("tune: {share: {adam: adam}}", r"`tune.share.adam: adam` must map"),
+        ("quick: {tune: {grids: {adam: {momentum: []}}}}", r"`quick.tune.grids.adam.momentum` must be a non-empty"),
+        ("ood: {in_classes: [0, 1], out_classes: [1, 2]}", r"must not share a digit"),
+        ("ood: {in_classes: [0], out_classes: [5, 6]}", r"`ood.in_classes` must be a list of at least 2 distinct digits"),
+        ("ood: {in_classes: [0, 1], out_classes: [5, 10]}", r"`ood.out_classes` must be a list of at least 2"),
+        ("ood: {in_classes: [0, 1], out_classes: [5, 6], label_noise: -0.1}", r"`ood.label_noise` must be a number"),
+        ("ood: {in_classes: [0, 1], out_classes: [5, 6], test: 1}", r"`ood` has unknown keys \['test'\]"),
+        ("data: {dataset: fashion_mnist}", r"`ood` needs `data.dataset: digits`"),
+        ("methods: {adam: {epochs: 0}}", r"`methods.adam.epochs` must be a positive integer, got 0"),
+    ],
+)
+def test_tune_and_ood_bad_input_names_the_key(tmp_path, extra, match):
+    with pytest.raises(run.ConfigError, match=match):
+        run.load_config(_tuned_config_text(tmp_path, extra))
+
+
+def test_quick_tune_needs_a_tune_block(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(f"extends: {CONFIGS / 'digits.yaml'}\nquick: {{tune: {{search: grid}}}}\n")
+    with pytest.raises(run.ConfigError, match="`quick.tune` shrinks the `tune:` block"):
+        run.load_config(path)
+
+
+def test_axes_and_grid_searches_visit_the_expected_settings(monkeypatch, tmp_path):
+    # A stand-in for training: the validation NLL is a known function of the settings.
+    def fake_run(key, method, config, task, noise, out, verbose, strategy=None, *, log_dir=None):
+        h, std = method["options"]["step_size"], method.get("prior_std")
+        return {"kind": "sampler", "status": "ok", "seconds": 0.0, "history": {},
+                "metrics": {"nll": (h - 0.02) ** 2 + (std - 3.0) ** 2 + 1.0, "accuracy": 0.5}}
+
+    monkeypatch.setattr(run, "run_method", fake_run)
+    config = run.load_config(TUNED)
+    method = config["methods"]["sgnht"]
+    grid = {"step_size": [0.01, 0.02, 0.04], "prior_std": [1.0, 3.0]}
+    task = run.TaskData(train=type("D", (), {"num_examples": 8})(), test=type("D", (), {"num_examples": 2})())
+    for search, count in (("grid", 6), ("axes", 4)):  # axes: 3 step sizes, then the other prior_std
+        config["tune"] = dict(config["tune"], search=search, grids={"sgnht": grid})
+        record = run.tune_method("sgnht", method, config, lambda: task, 0.0, tmp_path, 0, log=lambda *_: None)
+        assert len(record["trials"]) == count
+        assert record["chosen"] == {"step_size": 0.02, "prior_std": 3.0}
+        assert record["validation_nll"] == pytest.approx(1.0)
+
+
+def test_tuning_never_reads_the_test_split_and_the_choice_is_reported(monkeypatch, tmp_path):
+    from keras_thermo import data as kt_data
+
+    events = []
+    real_load, real_run = kt_data.load_digits, run.run_method
+
+    def load_digits(split="train", **kwargs):
+        events.append(("load", split, kwargs.get("examples")))
+        return real_load(split, **kwargs)
+
+    def run_method(key, method, config, task, noise, out, verbose, strategy=None, *, log_dir=None):
+        record = real_run(key, method, config, task, noise, out, verbose, strategy, log_dir=log_dir)
+        events.append(("run", key, task.test.split, task.holdout, record))
+        return record
+
+    monkeypatch.setattr(kt_data, "load_digits", load_digits)
+    monkeypatch.setattr(run, "run_method", run_method)
+    path = _tuned_config_text(tmp_path, (
+        "quick: {epochs: 2, burn_in_epochs: 1, label_noise: [0.0],\n"
+        "        tune: {grids: {adam: {learning_rate: [1.0e-4, 1.0e-2]}}, share: {sgd: adam}}}\n"
+        "ood: null\n"
+    ))
+    out = tmp_path / "out"
+    results = run.run_config(run.load_config(path), out, quick=True, methods="adam,sgd", verbose=0,
+                             log=lambda *_: None)
+
+    run_positions = [i for i, e in enumerate(events) if e[0] == "run"]
+    runs = [events[i] for i in run_positions]
+    trials, reported = runs[:2], runs[2:]
+    first_test_load = next(i for i, e in enumerate(events) if e[0] == "load" and e[1] == "test")
+    # Every trial ended before the test split was first read, and scored on a part of "train".
+    assert run_positions[1] < first_test_load < run_positions[2]
+    train_size = len(kt_data.digits_arrays("train")[1])
+    for _, _, split, holdout, _ in trials:
+        assert split == "train" and holdout is not None
+        fit, validation = set(holdout["fit"].tolist()), set(holdout["validation"].tolist())
+        assert not fit & validation and fit | validation == set(range(train_size))
+        assert len(validation) == pytest.approx(0.2 * train_size, abs=10)  # rounding per class
+    assert [r[2] for r in reported] == ["test", "test"] and reported[0][3] is None
+
+    # The choice is the trial with the lowest validation NLL (lr 1e-2 learns in two epochs,
+    # 1e-4 barely moves), its best epoch sets the reported run's epochs, and both are reported.
+    record = results["runs"][0]
+    tuning = record["tuning"]
+    nlls = [t["validation_nll"] for t in tuning["trials"]]
+    assert nlls[1] < nlls[0]
+    assert tuning["chosen"]["learning_rate"] == 1.0e-2
+    assert tuning["chosen"]["epochs"] == tuning["trials"][1]["epochs"]
+    assert len(record["history"]["epoch"]) == tuning["chosen"]["epochs"]
+    assert record["optimizer"]["learning_rate"] == 1.0e-2
+    assert tuning["validation"]["validation_examples"] + tuning["validation"]["fit_examples"] == train_size
+    written = load_strict_json(out / "results.json")["runs"][0]["tuning"]
+    assert written["chosen"] == tuning["chosen"]
+    table = (out / "table.md").read_text()
+    assert f"| Adam | 0% | {100 * record['metrics']['accuracy']:.2f}%" in table
+    assert f"learning_rate=0.01, epochs={tuning['chosen']['epochs']}" in table
+    # `share`: SGD is not tuned itself but runs with the settings chosen for Adam.
+    shared = results["runs"][1]
+    assert shared["tuning"]["shared_from"] == "adam" and shared["tuning"]["trials"] == []
+    assert shared["optimizer"]["learning_rate"] == 1.0e-2
+    assert len(shared["history"]["epoch"]) == tuning["chosen"]["epochs"]
+    assert f"epochs={tuning['chosen']['epochs']} (chosen for adam)" in table
+
+
+def test_ood_study_scores_out_of_distribution_digits(tmp_path):
+    from keras_thermo import data as kt_data
+
+    config = run.apply_quick(run.load_config(TUNED))
+    ood_config = dict(config, model={**config["model"], "options": {**config["model"]["options"], "num_classes": 5}})
+    task = run.load_task_data(ood_config, 0.0, quick=True, mock_data=False, data_dir=None, part="ood")
+    assert task.train.num_classes == task.test.num_classes == 5
+    # The held-out in-distribution images and the OOD images are the test images of each group.
+    _, y_test = kt_data.digits_arrays("test")
+    assert task.test.num_examples == int(np.isin(y_test, [0, 1, 2, 3, 4]).sum())
+    assert task.ood.num_examples == int(np.isin(y_test, [5, 6, 7, 8, 9]).sum())
+    ood_config["training"] = dict(config["training"], epochs=5)
+    adam = run.apply_settings(config["methods"]["adam"], {"learning_rate": 1.0e-2})
+    record = run.run_method("adam", adam, ood_config, task, 0.0, tmp_path, 0)
+    scores = record["ood"]
+    assert record["metrics"]["accuracy"] > 0.9
+    # Five epochs already rank unseen digits as more uncertain than held-out seen ones.
+    assert 0.6 < scores["auroc_predictive_entropy"] <= 1.0
+    assert scores["auroc_mutual_information"] is None  # one set of weights: no disagreement
 
 
 def load_config_epochs() -> int:
