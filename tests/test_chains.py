@@ -321,7 +321,9 @@ def test_pooled_chains_pass_the_linear_regression_check_and_a_wrong_temperature_
 # --- state, saving, configuration -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["sgnht", pytest.param("mccadl", marks=_SLOW)])
+# Both slow (~8-20 s each): chain variables are ordinary model variables, and the default suite's
+# resume tests (test_model.py) cover their save/load path with one chain.
+@pytest.mark.parametrize("name", [pytest.param("sgnht", marks=_SLOW), pytest.param("mccadl", marks=_SLOW)])
 def test_save_load_and_resume_is_bit_exact_with_four_chains(name, tmp_path):
     x, y = _data()
     straight = _model(SAMPLERS[name]())

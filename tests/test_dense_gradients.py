@@ -250,6 +250,7 @@ def test_taylor_traces_once_per_layout_not_per_operator():
         assert count == before
 
 
+@pytest.mark.slow  # ~12 s of XLA compilation; mCCAdL on the Dense path runs under XLA in test_compile_modes.py
 def test_runs_inside_a_compiled_function():
     """The whole path (losses by vectorized_map, factors, statistics, C step) under XLA."""
     net = _mlp()

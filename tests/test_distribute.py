@@ -125,7 +125,15 @@ def _distributed_model(strategy, make_sampler, seed=11):
         return _model(make_sampler, seed)
 
 
-@pytest.mark.parametrize("name", sorted(SAMPLER_CONFIGS))
+# Default-suite time: these four cover every kind of cross-replica sum (thermostat, covariance
+# diagonal, the C step's Gram products, the ABF table); the rest run with `-m slow`.
+MIRRORED_DEFAULT = {"sgnht-symmetric", "ccadl-diag", "mccadl-gram", "tact-hmc"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [n if n in MIRRORED_DEFAULT else pytest.param(n, marks=pytest.mark.slow) for n in sorted(SAMPLER_CONFIGS)],
+)
 def test_mirrored_run_equals_single_device_run(name):
     strategy = _strategy()
     make_sampler = SAMPLER_CONFIGS[name]
