@@ -51,6 +51,7 @@ def _group_key(strategy):
     return strategy.extended._collective_ops._launchers[0]._group_key
 
 
+@pytest.mark.slow  # ~40 s on 2 cores; mCCAdL under one MirroredStrategy stays in test_distribute.py
 def test_mccadl_under_a_second_strategy_matches_one_device():
     devices = _devices()
     first = tf.distribute.MirroredStrategy(devices)
