@@ -51,7 +51,7 @@ def _group_key(strategy):
     return strategy.extended._collective_ops._launchers[0]._group_key
 
 
-@pytest.mark.slow  # ~40 s on 2 cores; mCCAdL under one MirroredStrategy stays in test_distribute.py
+@pytest.mark.slow  # ~40 s on 2 cores; the default suite still builds one strategy per test in test_distribute.py, which needs the isolated collective keys too
 def test_mccadl_under_a_second_strategy_matches_one_device():
     devices = _devices()
     first = tf.distribute.MirroredStrategy(devices)
