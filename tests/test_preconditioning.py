@@ -96,16 +96,19 @@ def test_layerwise_masses_are_the_normalised_warmup_rms_then_frozen():
     assert float(np.asarray(history[3]) @ sizes) == pytest.approx(3.0, rel=1e-6)  # mean mass 1
 
 
-def test_rmsprop_masses_follow_the_moving_average_of_squared_force():
-    preconditioner = Preconditioner("rmsprop", decay=0.9, damping=0.0)
+@pytest.mark.parametrize("damping", [0.0, 0.1])
+def test_rmsprop_masses_follow_the_moving_average_of_squared_force(damping):
+    preconditioner = Preconditioner("rmsprop", decay=0.9, damping=damping)
     state = preconditioner.init(_params())
     moving = np.zeros(3)
     for step in range(3):
         force = [f * (step + 1.0) for f in _force()]
         state = preconditioner.update(state, force, tf.constant(step, tf.int64))
         moving = 0.9 * moving + 0.1 * _flat(force) ** 2
-    rms = np.sqrt(moving)
-    np.testing.assert_allclose(_flat(state.mass), rms / rms.mean(), rtol=1e-6)
+    # pSGLD's G = diag(1 / (lambda + sqrt(V))) as a mass lambda + sqrt(V), lambda = damping
+    # times the mean rms, normalised to mean 1 over the scalars.
+    damped = np.sqrt(moving) + damping * np.sqrt(moving).mean()
+    np.testing.assert_allclose(_flat(state.mass), damped / damped.mean(), rtol=1e-6)
 
 
 # --- one step of every sampler under a diagonal mass -------------------------------------------

@@ -80,18 +80,29 @@ class Regime:
 
 
 H = 3e-4  # the momentum samplers' time step: h sqrt(P / m) <= 0.1 on the stiff kernel
+# Sizes: the slow mode (mostly the bias, which also leaks into the first kernel weight through
+# the design's nonzero feature means) sets the resolution; these give every variance to within
+# ~10-30% (`detectable_variance_error`) in 1-2.5 minutes a test on 2 cores.
 REGIMES = {
     "sgld": Regime(lambda p: kt.samplers.SGLD(1e-6, preconditioner=p), NUM_EXAMPLES, 8, 16_000),
-    "sghmc": Regime(lambda p: kt.samplers.SGHMC(H, friction=50.0, preconditioner=p), NUM_EXAMPLES, 8, 5_000),
-    "sgnht": Regime(lambda p: kt.samplers.SGNHT(H, friction=50.0, preconditioner=p), NUM_EXAMPLES, 8, 5_000),
+    "sghmc": Regime(lambda p: kt.samplers.SGHMC(H, friction=50.0, preconditioner=p), NUM_EXAMPLES, 16, 8_000),
+    "sgnht": Regime(lambda p: kt.samplers.SGNHT(H, friction=50.0, preconditioner=p), NUM_EXAMPLES, 16, 8_000),
     "tact_hmc": Regime(
         lambda p: TACTHMC(H**2, noise=50.0 * H, sample_every=1, tempering=False, preconditioner=p),
-        NUM_EXAMPLES, 8, 5_000,
+        NUM_EXAMPLES, 16, 8_000,
     ),
-    "ccadl": Regime(lambda p: kt.samplers.CCAdL(H, friction=10.0, preconditioner=p), 50, 12, 6_000),
-    "mccadl": Regime(lambda p: kt.samplers.MCCAdL(H, friction=10.0, preconditioner=p), 50, 12, 6_000),
+    "ccadl": Regime(lambda p: kt.samplers.CCAdL(H, friction=10.0, preconditioner=p), 50, 16, 8_000),
+    "mccadl": Regime(lambda p: kt.samplers.MCCAdL(H, friction=10.0, preconditioner=p), 50, 16, 8_000),
 }
 RMSPROP_SAMPLERS = ("sgld", "sghmc", "sgnht")
+# Reported by `__main__` only: TACT-HMC with tempering on this problem, where xi sits on the
+# plateau for too few steps to feed the check (module doc).
+REPORT_ONLY = {
+    "tact_hmc_tempered": Regime(
+        lambda p: TACTHMC(H**2, xi_step_size=2e-4, noise=50.0 * H, xi_noise=0.1, sample_every=1, preconditioner=p),
+        NUM_EXAMPLES, 4, 20_000,
+    ),
+}
 
 # SGHMC's long run, as before: 16 chains x 20,000 steps at alpha = 1e-3.
 LONG = dict(num_chains=16, num_steps=20_000, alpha=1e-3)
@@ -113,7 +124,7 @@ def _preconditioner(kind, decay=RMSPROP_DECAY):
 
 
 def _run(name, kind, *, decay=RMSPROP_DECAY, num_chains=None, num_steps=None, alpha=ALPHA):
-    regime = REGIMES[name]
+    regime = {**REGIMES, **REPORT_ONLY}[name]
     num_chains = num_chains or regime.num_chains
     num_steps = num_steps or regime.num_steps
     x, y, mean, covariance = _problem()
@@ -150,10 +161,11 @@ def autocorrelation_time(chains: np.ndarray, max_lag: int = 2000) -> float:
 
 def _assert_passes_and_hot_is_rejected(name, result, check):
     assert check.passed, f"{name}: {check.summary()}"
-    # The resolution behind the verdict: every variance resolved to better than 60% (the T = 2
-    # control's error is -50%, which the check must see) and every mean to better than 1 sd.
-    assert np.all(check.detectable_mean_error < 1.0), check.summary()
-    assert np.all(check.detectable_variance_error < 0.6), check.summary()
+    # The resolution behind the verdict (measured: 0.05-0.2 sd and 5-30%, see the report): every
+    # mean to better than half a posterior sd, every variance to better than the T = 2
+    # control's -50%.
+    assert np.all(check.detectable_mean_error < 0.5), check.summary()
+    assert np.all(check.detectable_variance_error < 0.5), check.summary()
     hot = _hot_check(result)
     assert not hot.passed, f"{name}: accepted as T = 2: {hot.summary()}"
 
@@ -189,14 +201,11 @@ def test_layerwise_mass_samples_the_posterior_long():
     assert check.passed, check.summary()
 
 
-# Samplers whose bias coordinate the layerwise mass speeds up at least 2x (module doc; the
-# measured times are in the `__main__` report).
-FASTER = ("sgld", "sghmc", "ccadl")
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("name", FASTER)
+@pytest.mark.parametrize("name", sorted(REGIMES))
 def test_layerwise_mass_mixes_the_bias_faster_than_the_unit_mass(name):
+    """The reason for the mass: the bias's integrated autocorrelation time at least halves at
+    the same step size (4 chains each; the report prints the times of the full runs)."""
     num_chains = 4
     preconditioned, _ = _run(name, "layerwise", num_chains=num_chains)
     plain, _ = _run(name, None, num_chains=num_chains)
@@ -206,14 +215,16 @@ def test_layerwise_mass_mixes_the_bias_faster_than_the_unit_mass(name):
 
 def _report(label, result, check):
     times = [autocorrelation_time(result.samples[:, :, i]) for i in range(3)]
-    print(f"{label}: passed={check.passed}; autocorrelation times (kernel, kernel, bias) "
-          f"{np.round(times, 1)} steps; {check.summary()}", flush=True)
+    print(f"{label}: passed={check.passed}; {result.samples.shape[1]} samples per chain; autocorrelation "
+          f"times (kernel, kernel, bias) {np.round(times, 1)} samples; {check.summary()}", flush=True)
 
 
 if __name__ == "__main__":
     # python tests/test_statistical_preconditioning.py [NAME ...]: every regime (or the named
-    # ones) without a mass, with the layerwise mass, and (SGLD, SGHMC, SGNHT) with RMSprop at
-    # decay 0.999, 0.99 and 0, plus the T = 2 control of the layerwise samples.
+    # ones, including REPORT_ONLY's) without a mass and with the layerwise mass, plus the T = 2
+    # control of the layerwise samples, and (SGLD, SGHMC, SGNHT) with RMSprop at decay 0.999,
+    # 0.99 and 0. Samples are every step (TACT-HMC: every plateau step), so autocorrelation
+    # times are in steps.
     import sys
 
     for regime_name in sys.argv[1:] or sorted(REGIMES):
