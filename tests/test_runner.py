@@ -225,7 +225,8 @@ def _tuned_config_text(tmp_path, extra: str) -> Path:
         ("methods: {adam: {epochs: 0}}", r"`methods.adam.epochs` must be a positive integer, got 0"),
         # A method's `prior:` mapping, and the grid keys that tune it.
         ("methods: {adam: {prior: {kind: gaussian, std: 1.0}}}", r"`methods.adam.prior` applies to samplers only"),
-        ("methods: {sgnht: {prior: {kind: hierarchical}}}", r"`methods.sgnht` sets both `prior_std` \(3.0\) and `prior`"),
+        ("methods: {sgnht: {prior: {kind: hierarchical}}}",
+         r"`methods.sgnht` sets both `prior_std` \(3.0\) and `prior`"),
         ("methods: {sgnht: {prior_std: null, prior: {kind: wide}}}",
          r"`methods.sgnht.prior` must be a mapping with `kind` one of \['gaussian', 'hierarchical', 'laplace'\], "
          r"got 'wide'"),
@@ -233,7 +234,8 @@ def _tuned_config_text(tmp_path, extra: str) -> Path:
          r"`methods.sgnht.prior` must be a mapping .* got 'hierarchical'"),
         ("methods: {sgnht: {prior_std: null, prior: {kind: hierarchical, std: 2.0}}}",
          r"`methods.sgnht.prior` has unknown keys \['std'\]"),
-        ("training: {epochs: 1, batch_size: 32, num_chains: 2}\nmethods: {sgnht: {prior_std: null, prior: {kind: hierarchical}}}",
+        ("training: {epochs: 1, batch_size: 32, num_chains: 2}\n"
+         "methods: {sgnht: {prior_std: null, prior: {kind: hierarchical}}}",
          r"kind 'hierarchical' keeps a state of its own .* needs `training.num_chains: 1`, got 2"),
         ("tune: {grids: {sgnht: {prior.beta: [1.0]}}}",
          r"`tune.grids.sgnht.prior.beta` tunes the `prior:` mapping of method 'sgnht', which has none"),
