@@ -48,6 +48,15 @@ Config schema (keys not listed are errors):
         options: {step_size: 5.0e-3, friction: 10.0}
         prior_std: 1.0                 # Gaussian prior N(0, std^2); null for a flat prior
         temperature: 1.0
+      sgnht_hierarchical:
+        sampler: sgnht
+        options: {step_size: 5.0e-3, friction: 10.0}
+        prior:                         # instead of prior_std: a prior of keras_thermo.priors
+          kind: hierarchical           # gaussian {std} | laplace {scale} | hierarchical: each
+          alpha: 1.0                   # variable's precision ~ Gamma(alpha, beta), redrawn by a
+          beta: 1.0                    # Gibbs step every resample_every steps, starting from
+          resample_every: 100          # 1 / initial_std^2 (HierarchicalGaussian's arguments;
+          initial_std: 1.0             # those left out take its defaults)
         evaluation: {every_n_steps: 50}   # optional per-method evaluation overrides
         epochs: 40                     # optional: this method's budget instead of training.epochs
     tune:                              # optional: choose hyperparameters on a validation split
@@ -58,6 +67,7 @@ Config schema (keys not listed are errors):
       grids:                           # under a method key, or a sampler/optimizer name
         adam: {learning_rate: [1.0e-3, 3.0e-3]}
         sgnht: {step_size: [5.0e-3, 1.0e-2], prior_std: [1.0, 3.0], temperature: [1.0]}
+        sgnht_hierarchical: {prior.beta: [0.1, 1.0, 10.0]}   # an argument of its `prior:`
       share: {sgnht_layerwise: sgnht}  # runs with the settings chosen for sgnht, untuned itself
     ood:                               # optional (digits): an out-of-distribution study
       in_classes: [0, 1, 2, 3, 4]      # trained on, and their test images held out
@@ -73,6 +83,10 @@ Config schema (keys not listed are errors):
       label_noise: [0.0]
       methods: {tact_hmc: {sample_every: 1}}   # per-method hyperparameter overrides
       tune: {grids: {adam: {learning_rate: [1.0e-3]}}}   # replaces tune's keys (grids whole)
+
+A sampler's prior is `prior_std` (a shorthand for `prior: {kind: gaussian, std: ...}`) or a
+`prior:` mapping, not both; grids tune a `prior:` mapping's arguments as `prior.<argument>`.
+A stateful prior (`hierarchical`) needs `training.num_chains: 1`.
 
 Tuning (`tune:`), for every method with a grid: (1) each trial trains on the training split
 less a stratified validation part and is scored by the validation NLL; optimizers by the
@@ -130,7 +144,8 @@ MODEL_KEYS = {"builder", "options"}
 TRAINING_KEYS = {"epochs", "batch_size", "steps_per_execution", "seed", "num_chains"}
 EVALUATION_KEYS = {"burn_in_epochs", "burn_in_steps", "every_n_steps", "weighting", "num_bins", "check_block_epochs",
                    "max_burn_in_epochs"}
-METHOD_KEYS = {"label", "optimizer", "sampler", "options", "prior_std", "temperature", "evaluation", "epochs"}
+METHOD_KEYS = {"label", "optimizer", "sampler", "options", "prior_std", "prior", "temperature", "evaluation",
+               "epochs"}
 QUICK_KEYS = {
     "epochs", "train_limit", "test_limit", "mock_examples", "burn_in_epochs", "burn_in_steps",
     "every_n_steps", "label_noise", "methods", "tune",
@@ -139,6 +154,14 @@ TUNE_KEYS = {"validation_fraction", "seed", "label_noise", "search", "grids", "s
 TUNE_SEARCHES = ("grid", "axes")
 # Grid keys set on the method itself; every other grid key is an option of its sampler or optimizer.
 METHOD_LEVEL_PARAMETERS = ("prior_std", "temperature")
+# A method's `prior:` mapping: `kind` -> (the class of keras_thermo.priors, the arguments it takes).
+# Grid keys `prior.<argument>` set those arguments.
+PRIOR_KINDS = {
+    "gaussian": ("Gaussian", ("std",)),
+    "laplace": ("Laplace", ("scale",)),
+    "hierarchical": ("HierarchicalGaussian", ("alpha", "beta", "resample_every", "initial_std")),
+}
+PRIOR_GRID_PREFIX = "prior."
 OOD_KEYS = {"in_classes", "out_classes", "label_noise"}
 DATASETS = ("digits", "emnist_balanced", "fashion_mnist", "cifar10")
 DEFAULT_MOCK_EXAMPLES = 64
@@ -246,6 +269,8 @@ def load_config(path: str | os.PathLike) -> dict:
                                    or method["epochs"] < 1):
             raise ConfigError(f"`methods.{key}.epochs` must be a positive integer, got {method['epochs']!r}.")
         _check_keys(f"methods.{key}.evaluation", method.get("evaluation"), EVALUATION_KEYS)
+        if "prior" in method:
+            check_prior(f"methods.{key}", method, training["num_chains"])
     config["title"] = config.get("title") or str(config["name"])
     if config.get("tune") is not None:
         config["tune"] = check_tune(config["tune"], config["methods"], "tune")
@@ -300,11 +325,55 @@ def grid_for(tune: dict, key: str, method: dict) -> dict | None:
     return grids.get(key, grids.get(method.get("sampler", method.get("optimizer"))))
 
 
+def check_prior(where: str, method: dict, num_chains: int = 1) -> dict:
+    """A method's `prior:` mapping: a known `kind` and only that kind's arguments, on a sampler
+    with no `prior_std` (one prior per method). The values are checked when the prior is built."""
+    prior = method["prior"]
+    if "sampler" not in method:
+        raise ConfigError(f"`{where}.prior` applies to samplers only; `{where}` is an optimizer.")
+    if method.get("prior_std") is not None:
+        raise ConfigError(
+            f"`{where}` sets both `prior_std` ({method['prior_std']!r}) and `prior`; give one (`prior_std: s` "
+            "is `prior: {kind: gaussian, std: s}`).")
+    if not isinstance(prior, dict) or prior.get("kind") not in PRIOR_KINDS:
+        got = prior.get("kind") if isinstance(prior, dict) else prior
+        raise ConfigError(
+            f"`{where}.prior` must be a mapping with `kind` one of {sorted(PRIOR_KINDS)}, got {got!r}.")
+    _check_keys(f"{where}.prior", prior, {"kind", *PRIOR_KINDS[prior["kind"]][1]})
+    if prior["kind"] == "hierarchical" and num_chains != 1:
+        raise ConfigError(
+            f"`{where}.prior` kind 'hierarchical' keeps a state of its own (the precisions), which is not "
+            f"kept per chain; it needs `training.num_chains: 1`, got {num_chains!r}.")
+    return prior
+
+
+def _check_grid_parameter(where: str, parameter: str, key: str, method: dict) -> None:
+    """A grid key fits the method it tunes: `prior.<argument>` needs a `prior:` mapping of a
+    kind with that argument, and `prior_std` a method without one."""
+    prior = method.get("prior")
+    if parameter.startswith(PRIOR_GRID_PREFIX):
+        argument = parameter[len(PRIOR_GRID_PREFIX):]
+        if prior is None:
+            raise ConfigError(
+                f"`{where}` tunes the `prior:` mapping of method {key!r}, which has none (it uses "
+                "`prior_std`); give the method a `prior:` mapping or tune `prior_std`.")
+        allowed = PRIOR_KINDS[prior["kind"]][1]
+        if argument not in allowed:
+            raise ConfigError(
+                f"`{where}`: {argument!r} is not an argument of method {key!r}'s {prior['kind']!r} prior; "
+                f"allowed: {[PRIOR_GRID_PREFIX + a for a in allowed]}.")
+    elif parameter == "prior_std" and prior is not None:
+        raise ConfigError(
+            f"`{where}` tunes `prior_std` of method {key!r}, which has a `prior:` mapping; tune its "
+            f"arguments as {[PRIOR_GRID_PREFIX + a for a in PRIOR_KINDS[prior['kind']][1]]}.")
+
+
 def check_tune(tune: Any, methods: dict, where: str = "tune") -> dict:
     """The `tune:` block with defaults filled in; refuses unknown keys and malformed grids.
 
     Each grid maps a hyperparameter to the list of values to try: `prior_std` and `temperature`
-    (samplers) set the method's own keys, any other name an option of its sampler or optimizer.
+    (samplers) set the method's own keys, `prior.<argument>` an argument of its `prior:` mapping,
+    any other name an option of its sampler or optimizer.
     `epochs` is not a grid key: optimizers choose it by validation NLL, samplers keep the
     training budget.
     """
@@ -347,6 +416,11 @@ def check_tune(tune: Any, methods: dict, where: str = "tune") -> dict:
             raise ConfigError(
                 f"`{where}.share.{key}: {source}` must map a method key to another method key that is tuned "
                 f"itself; methods: {sorted(methods)}.")
+    for key, method in methods.items():  # each grid key fits every method that its grid tunes
+        grid = grid_for(tune, key, method)
+        name = key if key in grids else method.get("sampler", method.get("optimizer"))
+        for parameter in grid or {}:
+            _check_grid_parameter(f"{where}.grids.{name}.{parameter}", parameter, key, method)
     return tune
 
 
@@ -539,6 +613,23 @@ def build_sampler(method: dict):
         return kt.samplers.get(method["sampler"], **method["options"])
     except (TypeError, ValueError) as error:
         raise ConfigError(f"Method {method['label']!r}: cannot build sampler {method['sampler']!r}: {error}") from error
+
+
+def build_prior(method: dict):
+    """The method's prior: its `prior:` mapping, else `Gaussian(prior_std)`, else None (flat),
+    with a config error that names the method."""
+    import keras_thermo as kt  # noqa: PLC0415
+
+    spec = method.get("prior")
+    try:
+        if spec is None:
+            std = method.get("prior_std")
+            return None if std is None else kt.priors.Gaussian(float(std))
+        class_name, _ = PRIOR_KINDS[spec["kind"]]
+        return getattr(kt.priors, class_name)(**{k: v for k, v in spec.items() if k != "kind"})
+    except (TypeError, ValueError) as error:
+        described = spec if spec is not None else {"prior_std": method.get("prior_std")}
+        raise ConfigError(f"Method {method['label']!r}: cannot build the prior {described!r}: {error}") from error
 
 
 def sampler_is_registered(name: str) -> bool:
@@ -870,7 +961,7 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
         with scope():
             model = kt.BayesianModel(
                 net, sampler, num_examples=task.train.num_examples,
-                prior=None if method.get("prior_std") is None else kt.priors.Gaussian(float(method["prior_std"])),
+                prior=build_prior(method),
                 temperature=float(method.get("temperature", 1.0)), seed=seed,
                 num_chains=int(training["num_chains"]),
             )
@@ -891,7 +982,9 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
                                            weighting=schedule["weighting"])
             callbacks.insert(2, ood_average)
         record.update(kind="sampler", sampler=sampler.get_config() | {"name": sampler.name}, evaluation=schedule,
-                      num_chains=int(training["num_chains"]))
+                      num_chains=int(training["num_chains"]),
+                      prior=None if model.prior is None else {"name": type(model.prior).__name__,
+                                                               **model.prior.get_config()})
     else:
         model = net
         with scope():
@@ -934,6 +1027,11 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
                 "No posterior sample was taken: lower burn-in or run longer"
                 + (" (the equilibration check never found the whole net at T)." if burn_in is check else ".")
             )
+        if hasattr(model.prior, "precisions"):  # a hierarchical prior: the std it ended at, per variable
+            record["prior_final_std"] = {
+                getattr(v, "path", v.name): float(1.0 / np.sqrt(float(p)))
+                for v, p in zip(model.trainable_variables, model.prior.precisions(model.trainable_variables))
+            }
     else:
         metrics = point.evaluate()
         metrics["num_samples"] = 1
@@ -959,17 +1057,21 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
 
 def apply_settings(method: dict, settings: dict) -> dict:
     """A copy of `method` with tuned values set: `prior_std`, `temperature` and `epochs` on the
-    method, anything else in its `options`."""
+    method, `prior.<argument>` in its `prior:` mapping, anything else in its `options`."""
     method = copy.deepcopy(method)
     for name, value in settings.items():
         if name in METHOD_LEVEL_PARAMETERS or name == "epochs":
             method[name] = value
+        elif name.startswith(PRIOR_GRID_PREFIX):
+            method["prior"][name[len(PRIOR_GRID_PREFIX):]] = value
         else:
             method["options"][name] = value
     return method
 
 
 def _configured_value(method: dict, name: str) -> Any:
+    if name.startswith(PRIOR_GRID_PREFIX):
+        return method["prior"].get(name[len(PRIOR_GRID_PREFIX):])
     if name in METHOD_LEVEL_PARAMETERS:
         return method.get(name, 1.0 if name == "temperature" else None)
     return method["options"].get(name)
@@ -1278,7 +1380,12 @@ def _settings(run: dict) -> dict:
     method = run.get("method_config") or {}
     settings = {k: v for k, v in (method.get("options") or {}).items() if k not in ("preconditioner",)}
     if run["kind"] == "sampler":
-        settings.update(prior_std=method.get("prior_std"), temperature=method.get("temperature", 1.0))
+        if method.get("prior") is not None:
+            settings.update({"prior": method["prior"]["kind"]},
+                            **{PRIOR_GRID_PREFIX + k: v for k, v in method["prior"].items() if k != "kind"})
+        else:
+            settings["prior_std"] = method.get("prior_std")
+        settings["temperature"] = method.get("temperature", 1.0)
     if "epochs" in method:
         settings["epochs"] = method["epochs"]
     return settings
@@ -1398,7 +1505,11 @@ def run_config(
         grid = grid_for(tune, source, config["methods"][source]) if tune else None
         for settings in grid_points(grid) if grid else [{}]:
             trial = apply_settings(method, settings)
-            build_sampler(trial) if "sampler" in trial else build_optimizer(trial)
+            if "sampler" in trial:
+                build_sampler(trial)
+                build_prior(trial)
+            else:
+                build_optimizer(trial)
     config = adapt_to_strategy(config, strategy, log)
     out = output_folder(out, strategy)
     out.mkdir(parents=True, exist_ok=True)

@@ -223,6 +223,27 @@ def _tuned_config_text(tmp_path, extra: str) -> Path:
         ("ood: {in_classes: [0, 1], out_classes: [5, 6], test: 1}", r"`ood` has unknown keys \['test'\]"),
         ("data: {dataset: fashion_mnist}", r"`ood` needs `data.dataset: digits`"),
         ("methods: {adam: {epochs: 0}}", r"`methods.adam.epochs` must be a positive integer, got 0"),
+        # A method's `prior:` mapping, and the grid keys that tune it.
+        ("methods: {adam: {prior: {kind: gaussian, std: 1.0}}}", r"`methods.adam.prior` applies to samplers only"),
+        ("methods: {sgnht: {prior: {kind: hierarchical}}}",
+         r"`methods.sgnht` sets both `prior_std` \(3.0\) and `prior`"),
+        ("methods: {sgnht: {prior_std: null, prior: {kind: wide}}}",
+         r"`methods.sgnht.prior` must be a mapping with `kind` one of \['gaussian', 'hierarchical', 'laplace'\], "
+         r"got 'wide'"),
+        ("methods: {sgnht: {prior_std: null, prior: hierarchical}}",
+         r"`methods.sgnht.prior` must be a mapping .* got 'hierarchical'"),
+        ("methods: {sgnht: {prior_std: null, prior: {kind: hierarchical, std: 2.0}}}",
+         r"`methods.sgnht.prior` has unknown keys \['std'\]"),
+        ("training: {epochs: 1, batch_size: 32, num_chains: 2}\n"
+         "methods: {sgnht: {prior_std: null, prior: {kind: hierarchical}}}",
+         r"kind 'hierarchical' keeps a state of its own .* needs `training.num_chains: 1`, got 2"),
+        ("tune: {grids: {sgnht: {prior.beta: [1.0]}}}",
+         r"`tune.grids.sgnht.prior.beta` tunes the `prior:` mapping of method 'sgnht', which has none"),
+        ("methods: {sgnht: {prior_std: null, prior: {kind: hierarchical}}}",  # the sgnht grid has prior_std
+         r"`tune.grids.sgnht.prior_std` tunes `prior_std` of method 'sgnht', which has a `prior:` mapping"),
+        ("methods: {hier: {sampler: sgnht, prior: {kind: hierarchical}}}\ntune: {grids: {hier: {prior.std: [1.0]}}}",
+         r"`tune.grids.hier.prior.std`: 'std' is not an argument of method 'hier''s 'hierarchical' prior; "
+         r"allowed: \['prior.alpha', 'prior.beta', 'prior.resample_every', 'prior.initial_std'\]"),
     ],
 )
 def test_tune_and_ood_bad_input_names_the_key(tmp_path, extra, match):
@@ -255,6 +276,81 @@ def test_axes_and_grid_searches_visit_the_expected_settings(monkeypatch, tmp_pat
         assert len(record["trials"]) == count
         assert record["chosen"] == {"step_size": 0.02, "prior_std": 3.0}
         assert record["validation_nll"] == pytest.approx(1.0)
+
+
+def test_prior_values_are_checked_before_training(tmp_path):
+    hierarchical = {"label": "H", "sampler": "sgnht", "prior": {"kind": "hierarchical", "beta": -1.0}}
+    with pytest.raises(run.ConfigError, match=r"Method 'H': cannot build the prior .*`beta` must be"):
+        run.build_prior(hierarchical)
+    with pytest.raises(run.ConfigError, match=r"Method 'H': cannot build the prior \{'prior_std': 'wide'\}"):
+        run.build_prior({"label": "H", "sampler": "sgnht", "prior_std": "wide"})
+    assert run.build_prior({"label": "H", "sampler": "sgnht", "prior_std": None}) is None  # flat prior
+    # A bad value in a grid stops the run before anything trains or any data is read.
+    path = _tuned_config_text(tmp_path, (
+        "methods: {hier: {label: H, sampler: sgnht, options: {step_size: 1.0e-2}, prior: {kind: hierarchical}}}\n"
+        "tune: {grids: {hier: {prior.resample_every: [10, 0]}}}\n"
+    ))
+    with pytest.raises(run.ConfigError, match=r"Method 'H': cannot build the prior .*`resample_every`"):
+        run.run_config(run.load_config(path), tmp_path / "out", methods="hier", verbose=0, log=lambda *_: None)
+    assert not (tmp_path / "out").exists()
+
+
+def test_axes_search_tunes_the_prior_arguments(monkeypatch, tmp_path):
+    def fake_run(key, method, config, task, noise, out, verbose, strategy=None, *, log_dir=None):
+        beta = method["prior"]["beta"]
+        return {"kind": "sampler", "status": "ok", "seconds": 0.0, "history": {},
+                "metrics": {"nll": (math.log10(beta) - 1.0) ** 2 + 1.0, "accuracy": 0.5}}
+
+    monkeypatch.setattr(run, "run_method", fake_run)
+    config = run.load_config(TUNED)
+    method = dict(config["methods"]["sgnht"], prior_std=None, prior={"kind": "hierarchical", "beta": 1.0})
+    tuned = run.apply_settings(method, {"prior.beta": 100.0, "step_size": 0.02})
+    assert tuned["prior"] == {"kind": "hierarchical", "beta": 100.0} and tuned["options"]["step_size"] == 0.02
+    assert method["prior"]["beta"] == 1.0  # the configured method is left as it was
+    config["tune"] = dict(config["tune"], search="axes", grids={"sgnht": {"prior.beta": [1.0, 10.0, 100.0]}})
+    task = run.TaskData(train=type("D", (), {"num_examples": 8})(), test=type("D", (), {"num_examples": 2})())
+    record = run.tune_method("sgnht", method, config, lambda: task, 0.0, tmp_path, 0, log=lambda *_: None)
+    assert [t["settings"] for t in record["trials"]] == [{"prior.beta": b} for b in (1.0, 10.0, 100.0)]
+    assert record["chosen"] == {"prior.beta": 10.0}
+    assert run._describe(record["chosen"]) == "prior.beta=10"
+
+
+def test_hierarchical_prior_reaches_the_model_and_is_resampled(monkeypatch, tmp_path):
+    import keras_thermo as kt
+
+    models = []
+
+    class RecordingModel(kt.BayesianModel):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            models.append(self)
+
+    monkeypatch.setattr(kt, "BayesianModel", RecordingModel)
+    config = run.apply_quick(run.load_config(TUNED))  # 2 epochs of 21 steps
+    method = dict(config["methods"]["sgnht"], prior_std=None,
+                  prior={"kind": "hierarchical", "alpha": 1.0, "beta": 1.0, "resample_every": 21, "initial_std": 3.0})
+    method = run.apply_settings(method, {"prior.beta": 100.0})  # as a tuning trial sets it
+    task = run.load_task_data(config, 0.0, quick=True, mock_data=False, data_dir=None)
+    record = run.run_method("sgnht", method, config, task, 0.0, tmp_path, 0)
+    assert record["status"] == "ok" and task.train.steps_per_epoch == 21
+    expected = {"alpha": 1.0, "beta": 100.0, "resample_every": 21, "initial_std": 3.0}
+    assert record["prior"] == {"name": "HierarchicalGaussian", **expected}
+    assert run._settings(record).items() >= {"prior": "hierarchical", "prior.beta": 100.0}.items()  # the table's
+    (model,) = models
+    assert isinstance(model.prior, kt.priors.HierarchicalGaussian) and model.prior.get_config() == expected
+    # The last Gibbs draw came after the final step (42 = 2 x 21): each precision is a draw
+    # from its conditional Gamma(shape, rate) given the final weights, so it lies within 5
+    # standard deviations sqrt(shape) / rate of the mean shape / rate.
+    variables = model.trainable_variables
+    precisions = [float(p) for p in model.prior.precisions(variables)]
+    conditionals = [(float(a), float(b)) for a, b in model.prior.conditional(variables, method["temperature"])]
+    for (shape, rate), precision, std in zip(conditionals, precisions, record["prior_final_std"].values()):
+        assert abs(precision - shape / rate) < 5 * math.sqrt(shape) / rate, (precision, shape, rate)
+        assert std == pytest.approx(precision ** -0.5, rel=1e-6)
+    # The first kernel's 3200 weights pin its precision down: the initial 1 / 3^2 lies far outside
+    # that band, so a prior whose state never moved would fail the check above.
+    shape, rate = conditionals[0]
+    assert abs(1.0 / 9.0 - shape / rate) > 20 * math.sqrt(shape) / rate
 
 
 def test_tuning_never_reads_the_test_split_and_the_choice_is_reported(monkeypatch, tmp_path):
