@@ -95,7 +95,13 @@ average at the end of the budget. Validation labels are clean, like the test spl
 label noise belongs to the training procedure (permuted afresh each epoch). (2) The chosen
 settings run on the whole training split and are scored on the test split, which step (1)
 never reads; results.json keeps every trial and the choice (`runs[i].tuning`), table.md the
-choice. The OOD study (`ood:`) then trains each method, with its chosen settings, on
+choice. (3) Where the chosen settings' run diverges (the trials ran on ~80% of the examples,
+and a sampler's force grows with N, so a step size at the edge of stability there can be past
+it on the whole split), the next-best validated setting that did not diverge in tuning is run
+instead, and so on through every such trial until one does not diverge; `runs[i].fallback`
+(and the chosen column of table.md) records the first choice, where it diverged and what was
+reported; if every setting diverges, the first choice's run is reported as "diverged". The
+OOD study (`ood:`) then trains each method, with its chosen settings, on
 `in_classes` and reports the AUROC of the predictive entropy and (samplers) the mutual
 information of the `out_classes` test images against the `in_classes` ones
 (`ood_runs[i].ood`).
@@ -1005,6 +1011,7 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
                             callbacks=callbacks, shuffle=False, verbose=verbose)  # the dataset shuffles itself
     except kt.SamplerDivergedError as error:
         status, message = "diverged", str(error)
+        record["diverged_at_step"] = error.step
     seconds = time.perf_counter() - started
     history_dict = dict(history.history) if history is not None else dict(model.history.history or {})
 
@@ -1148,9 +1155,7 @@ def tune_method(key: str, method: dict, config: dict, new_task, label_noise: flo
             best = min((evaluate(dict(current, **{name: v})) for v in values), key=lambda t: t["validation_nll"])
             current = dict(best["settings"])
     best = min(trials, key=lambda t: t["validation_nll"])  # min keeps the first of equal scores
-    chosen = dict(best["settings"])
-    if "epochs" in best and best["epochs"] is not None:
-        chosen["epochs"] = best["epochs"]
+    chosen = trial_settings(best)
     task = new_task()
     holdout = task.holdout or {}
     return {
@@ -1168,6 +1173,78 @@ def tune_method(key: str, method: dict, config: dict, new_task, label_noise: flo
         "all_trials_failed": not math.isfinite(best["validation_nll"]),
         "trials": trials,
     }
+
+
+def trial_settings(trial: dict) -> dict:
+    """The settings a tuning trial stands for: its grid point, and an optimizer's best epoch."""
+    settings = dict(trial["settings"])
+    if trial.get("epochs") is not None:
+        settings["epochs"] = trial["epochs"]
+    return settings
+
+
+def fallback_candidates(tuning: dict) -> list[tuple[dict, float]]:
+    """(settings, validation NLL) to fall back on, in order, when the chosen settings' final run
+    diverges: every other trial that ran to the end (status ok) with a finite validation NLL,
+    best first (ties in trial order, like the choice itself)."""
+    ranked = sorted((t for t in tuning["trials"] if t["status"] == "ok" and math.isfinite(t["validation_nll"])),
+                    key=lambda t: t["validation_nll"])
+    candidates = [(trial_settings(t), t["validation_nll"]) for t in ranked]
+    return [(settings, nll) for settings, nll in candidates if settings != tuning["chosen"]]
+
+
+def run_with_fallback(method: dict, tuning: dict | None, run_once, log=print) -> dict:
+    """The reported run of a tuned method, falling back when the chosen settings diverge.
+
+    `method` is the configured (untuned) method; `run_once(method, attempt)` trains it once
+    (attempt 0 with the chosen settings, 1, 2, ... with the fallbacks) and returns its record.
+    The tuning trials ran on the fit part of the training split, the reported run on the whole
+    split: the force grows with N, so a step size at the edge of stability on the fit part can
+    be past it on the whole split. When the chosen settings' run diverges, the runner tries
+    every other validated setting (`fallback_candidates`), best validation NLL first, until one
+    does not diverge, and reports that run; if all diverge, the first choice's run is reported
+    (status "diverged"). Either way `record["fallback"]` keeps the first choice, every attempt
+    (settings, status, step of divergence) and the settings reported (None if none). A run
+    that does not diverge, or of an untuned method, is returned as it is.
+
+    >>> tuning = {"chosen": {"step_size": 0.02}, "validation_nll": 0.3, "trials": [
+    ...     {"settings": {"step_size": 0.01}, "status": "ok", "validation_nll": 0.4},
+    ...     {"settings": {"step_size": 0.02}, "status": "ok", "validation_nll": 0.3}]}
+    >>> def run_once(method, attempt):  # a stand-in for training: 0.02 diverges after 24 steps
+    ...     h = method["options"]["step_size"]
+    ...     return {"status": "diverged", "diverged_at_step": 24} if h > 0.015 else {"status": "ok"}
+    >>> record = run_with_fallback({"options": {}}, tuning, run_once, log=lambda *_: None)
+    >>> record["status"], record["fallback"]["reported"], record["fallback"]["attempts"][0]["diverged_at_step"]
+    ('ok', {'step_size': 0.01}, 24)
+    """
+    if tuning is None:
+        return run_once(method, 0)
+    first = run_once(apply_settings(method, tuning["chosen"]), 0)
+    if first["status"] != "diverged":
+        return first
+
+    def attempt(settings: dict, nll: float, record: dict) -> dict:
+        return {"settings": settings, "validation_nll": nll, "status": record["status"],
+                "diverged_at_step": record.get("diverged_at_step")}
+
+    attempts = [attempt(tuning["chosen"], tuning["validation_nll"], first)]
+    reported, reported_settings = first, None
+    for number, (settings, nll) in enumerate(fallback_candidates(tuning), start=1):
+        log(f"    diverged ({_diverged_at(attempts[-1])}); falling back to the next-best validated setting: "
+            + _describe(settings))
+        record = run_once(apply_settings(method, settings), number)
+        attempts.append(attempt(settings, nll, record))
+        if record["status"] != "diverged":
+            reported, reported_settings = record, settings
+            break
+    reported["fallback"] = {"first_choice": tuning["chosen"], "attempts": attempts, "reported": reported_settings,
+                            "validation_nll": attempts[-1]["validation_nll"] if reported_settings else None}
+    return reported
+
+
+def _diverged_at(attempt: dict) -> str:
+    step = attempt["diverged_at_step"]
+    return "diverged" if step is None else f"diverged after {step} steps"
 
 
 def tuning_levels(config: dict) -> list[float]:
@@ -1289,13 +1366,18 @@ def _summary_table(config: dict, runs: list[dict], ood_runs: list[dict]) -> list
             chosen = _describe(tuning["chosen"]) + (" (all trials failed)" if tuning["all_trials_failed"] else "")
             if tuning.get("shared_from"):
                 chosen += f" (chosen for {tuning['shared_from']})"
+        validation_nll = _number(tuning["validation_nll"]) if tuning else ""
+        if run.get("fallback"):
+            chosen += " " + _fallback_note(run["fallback"])
+            if run["fallback"]["reported"] is not None:
+                validation_nll += f" (fallback {_number(run['fallback']['validation_nll'])})"
         lines.append(
             f"| {run['label']} | {round(100 * run['label_noise'])}% | {_percent(m['accuracy'])}"
             + ("" if run["status"] == "ok" else f" ({run['status']})")
             + f" | {_number(m['nll'])} | {_number(m['ece'])} | {_number(m['brier'])} | "
             f"{_number(scores.get('auroc_predictive_entropy'), 3) if scores else ''} | "
             f"{_number(scores.get('auroc_mutual_information'), 3) if scores else ''} | {chosen} | "
-            f"{_number(tuning['validation_nll']) if tuning else ''} |"
+            f"{validation_nll} |"
         )
     lines.append("")
     if config.get("tune") is not None:
@@ -1307,7 +1389,9 @@ def _summary_table(config: dict, runs: list[dict], ood_runs: list[dict]) -> list
             f"less a stratified {round(100 * tune['validation_fraction'])}% validation part (clean labels), "
             "and scored by validation NLL: optimizers by their best epoch (which sets `epochs`), samplers by "
             "their posterior average. The chosen settings are then run on the whole training split and "
-            "scored on the test split, which the tuning never reads."
+            "scored on the test split, which the tuning never reads. Where that run diverged, the next-best "
+            "validated setting that did not diverge in tuning is run instead (\"fallback:\" in the chosen "
+            "column, which names the first choice and where it diverged; results.json: `runs[i].fallback`)."
         )
     lines += ["", *_comparisons(runs, ood_runs)]
     if ood is not None:
@@ -1325,13 +1409,25 @@ def _summary_table(config: dict, runs: list[dict], ood_runs: list[dict]) -> list
         ]
         for run in ood_runs:
             m, scores = run["metrics"], run["ood"]
+            label = run["label"] + (f" {_fallback_note(run['fallback'])}" if run.get("fallback") else "")
             lines.append(
-                f"| {run['label']} | {_percent(m['accuracy'])} | {_number(m['nll'])} | "
+                f"| {label} | {_percent(m['accuracy'])}" + ("" if run["status"] == "ok" else f" ({run['status']})")
+                + f" | {_number(m['nll'])} | "
                 f"{_number(scores['auroc_predictive_entropy'], 3)} | "
                 f"{_number(scores['auroc_mutual_information'], 3)} | "
                 f"{m['num_samples']} |"
             )
     return lines
+
+
+def _fallback_note(fallback: dict) -> str:
+    """The chosen-settings column's marker for a run that fell back from its first choice."""
+    failed = [f"{_describe(a['settings'])} {_diverged_at(a)}" for a in fallback["attempts"]
+              if a["status"] == "diverged"]
+    if fallback["reported"] is None:
+        return f"(diverged; so did every other validated setting: {'; '.join(failed[1:]) or 'none left'})"
+    return (f"({_diverged_at(fallback['attempts'][0])}; fallback: {_describe(fallback['reported'])}"
+            + (f", after {'; '.join(failed[1:])}" if len(failed) > 1 else "") + ")")
 
 
 def _comparisons(runs: list[dict], ood_runs: list[dict]) -> list[str]:
@@ -1533,19 +1629,18 @@ def run_config(
                         key, method, config, new_task, noise, out, verbose, strategy, log)
                     log(f"    {method['label']}: chosen {_describe(tuned[noise][key]['chosen'])}")
 
-    def tuned_run(key: str, method: dict, noise: float) -> tuple[dict, dict | None]:
-        """The method with the settings chosen for this noise level (for a method under
-        `tune.share`, those chosen for the method it names), and the tuning record."""
+    def tuning_for(key: str, noise: float) -> dict | None:
+        """The tuning record that sets this method's settings at this noise level (for a method
+        under `tune.share`, that of the method it names), or None for an untuned method."""
         if tune is None:
-            return method, None
+            return None
         level = noise if tune["label_noise"] == "each" else float(tune["label_noise"])
-        source = tune["share"].get(key)
-        tuning = tuned.get(level, {}).get(source or key)
-        if tuning is None:
-            return method, None
-        if source is not None:
-            tuning = dict(tuning, shared_from=source, trials=[])
-        return apply_settings(method, tuning["chosen"]), tuning
+        return tuned.get(level, {}).get(tune["share"].get(key) or key)
+
+    def shown(key: str, tuning: dict | None) -> dict | None:
+        """The tuning record as a run reports it (a shared choice without the trials)."""
+        source = tune["share"].get(key) if tune else None
+        return dict(tuning, shared_from=source, trials=[]) if tuning and source else tuning
 
     # 2. Reported runs: the whole training split, scored on the test split.
     runs = []
@@ -1554,15 +1649,19 @@ def run_config(
         for key, method in config["methods"].items():
             # Data loaded afresh for every run: each run draws the same minibatches and label
             # noise whatever runs before it (a dataset counts its passes).
-            task = load_task_data(config, noise, **loading)
-            chosen_method, tuning = tuned_run(key, method, noise)
-            log(f"[{len(runs) + 1}/{total}] {method['label']}, {round(100 * noise)}% permuted labels: "
-                f"{chosen_method.get('epochs', config['training']['epochs'])} epochs of "
-                f"{task.train.steps_per_epoch} steps, "
-                f"N = {task.train.num_examples}" + (f"; tuned: {_describe(tuning['chosen'])}" if tuning else ""))
-            run = run_method(key, chosen_method, config, task, noise, out, verbose, strategy)
+            tuning = tuning_for(key, noise)
+            log(f"[{len(runs) + 1}/{total}] {method['label']}, {round(100 * noise)}% permuted labels"
+                + (f"; tuned: {_describe(tuning['chosen'])}" if tuning else ""))
+
+            def reported_run(chosen_method, attempt, key=key, noise=noise):
+                task = load_task_data(config, noise, **loading)
+                log_dir = out / "tensorboard" / key / f"noise{round(100 * noise)}"
+                return run_method(key, chosen_method, config, task, noise, out, verbose, strategy,
+                                  log_dir=log_dir / f"fallback{attempt}" if attempt else log_dir)
+
+            run = run_with_fallback(method, tuning, reported_run, log)
             if tuning is not None:
-                run["tuning"] = tuning
+                run["tuning"] = shown(key, tuning)
             m = run["metrics"]
             log(f"    {run['status']} in {run['seconds']:.1f} s: accuracy {_percent(m['accuracy'])}, "
                 f"NLL {_number(m['nll'])}, ECE {_number(m['ece'])}, samples {m['num_samples']}")
@@ -1576,12 +1675,17 @@ def run_config(
         ood_config = copy.deepcopy(config)
         ood_config["model"]["options"]["num_classes"] = len(ood["in_classes"])
         for key, method in config["methods"].items():
-            task = load_task_data(ood_config, ood["label_noise"], part="ood", **loading)
-            chosen_method, tuning = tuned_run(key, method, ood["label_noise"])
+            tuning = tuning_for(key, ood["label_noise"])
             log(f"[OOD {len(ood_runs) + 1}/{len(config['methods'])}] {method['label']}: digits {ood['in_classes']} "
-                f"({task.train.num_examples} examples) against {ood['out_classes']}")
-            run = run_method(key, chosen_method, ood_config, task, ood["label_noise"], out, verbose, strategy,
-                             log_dir=out / "tensorboard" / "ood" / key)
+                f"against {ood['out_classes']}")
+
+            def ood_run(chosen_method, attempt, key=key):
+                task = load_task_data(ood_config, ood["label_noise"], part="ood", **loading)
+                log_dir = out / "tensorboard" / "ood" / key
+                return run_method(key, chosen_method, ood_config, task, ood["label_noise"], out, verbose, strategy,
+                                  log_dir=log_dir / f"fallback{attempt}" if attempt else log_dir)
+
+            run = run_with_fallback(method, tuning, ood_run, log)
             if tuning is not None:
                 run["tuning"] = {k: tuning[k] for k in ("label_noise", "chosen")}
             scores = run["ood"]

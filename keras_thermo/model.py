@@ -77,8 +77,13 @@ _TARGET_EFFECTS = {
 class SamplerDivergedError(FloatingPointError):
     """Raised by `fit` when a sampler step produced a non-finite value.
 
-    The weights and the sampler state are left at the last finite step.
+    The weights and the sampler state are left at the last finite step; `step` is the number
+    of finite steps taken before it (None where not known).
     """
+
+    def __init__(self, message: str, step: int | None = None):
+        super().__init__(message)
+        self.step = step
 
 
 class _Runtime:
@@ -1202,7 +1207,8 @@ class BayesianModel(keras.Model):
                 f"(force, momentum, thermostat or weights); the model holds the last finite state, "
                 f"reached after {step} steps. Likely cause: the step size "
                 f"{self.sampler.step_size!r} is too large for the gradient-noise level; reduce "
-                "step_size or increase friction."
+                "step_size or increase friction.",
+                step=step,
             )
 
 

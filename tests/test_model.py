@@ -364,6 +364,7 @@ def test_divergence_stops_with_a_clear_error_and_keeps_the_last_finite_state():
             assert np.all(np.isfinite(value))
     step = model.sampler_step
     assert f"step {step}" in message  # the failing step's index equals the completed-step count
+    assert info.value.step == step
     flat = np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
     assert np.all(np.isfinite(flat)) and np.max(np.abs(flat)) > 1.0  # it had moved
 

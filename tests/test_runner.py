@@ -455,3 +455,99 @@ def test_demo_with_several_chains_pools_them_and_logs_each_chain(tmp_path, capsy
     tags = _event_tags(sgnht["tensorboard"])
     for name in ("kinetic_temperature_chain_0", "kinetic_temperature_chain_1", "xi_chain_1", "xi"):
         assert f"epoch_{name}" in tags, sorted(tags)
+
+
+# ---------------------------------------------------------------------------------------------
+# Falling back when the chosen settings diverge on the whole training split
+
+
+def _tuning(chosen_step, trials):
+    """A tuning record over step sizes: trials are (step size, status, validation NLL)."""
+    records = [{"settings": {"step_size": h}, "status": status, "validation_nll": nll} for h, status, nll in trials]
+    chosen = next(t for t in records if t["settings"]["step_size"] == chosen_step)
+    return {"chosen": {"step_size": chosen_step}, "validation_nll": chosen["validation_nll"], "trials": records}
+
+
+def _fake_runs(diverging):
+    """A stand-in for training: a step size in `diverging` diverges after 24 steps."""
+    calls = []
+
+    def run_once(method, attempt):
+        h = method["options"].get("step_size")
+        calls.append((h, attempt))
+        if h in diverging:
+            return {"status": "diverged", "diverged_at_step": 24, "metrics": {"accuracy": 0.1}}
+        return {"status": "ok", "metrics": {"accuracy": 0.9}}
+
+    return run_once, calls
+
+
+def test_fallback_goes_down_the_validated_settings_and_leaves_stable_runs_alone():
+    method = {"label": "S", "sampler": "sgnht", "options": {"step_size": 1.0}}
+    trials = [(0.04, "diverged", math.inf), (0.005, "ok", 0.5), (0.02, "ok", 0.3), (0.01, "ok", 0.4),
+              (0.001, "no_samples", math.inf)]
+    quiet = {"log": lambda *_: None}
+    # A chosen setting that does not diverge: one run, returned as it is (no fallback field).
+    run_once, calls = _fake_runs(diverging=set())
+    record = run.run_with_fallback(method, _tuning(0.02, trials), run_once, **quiet)
+    assert calls == [(0.02, 0)] and record == {"status": "ok", "metrics": {"accuracy": 0.9}}
+    # An untuned method runs as configured, once.
+    run_once, calls = _fake_runs(diverging={1.0})
+    assert run.run_with_fallback(method, None, run_once, **quiet)["status"] == "diverged" and calls == [(1.0, 0)]
+    # 0.02 diverges: the next-best validated setting (0.01, NLL 0.4) is reported; the diverged
+    # and unscored trials (0.04, 0.001) are never tried.
+    run_once, calls = _fake_runs(diverging={0.02})
+    record = run.run_with_fallback(method, _tuning(0.02, trials), run_once, **quiet)
+    assert calls == [(0.02, 0), (0.01, 1)] and record["status"] == "ok"
+    assert record["fallback"] == {
+        "first_choice": {"step_size": 0.02}, "reported": {"step_size": 0.01}, "validation_nll": 0.4,
+        "attempts": [{"settings": {"step_size": 0.02}, "validation_nll": 0.3, "status": "diverged", "diverged_at_step": 24},
+                     {"settings": {"step_size": 0.01}, "validation_nll": 0.4, "status": "ok", "diverged_at_step": None}]}
+    # Every setting diverges: all validated ones are tried, best first, and the first choice's
+    # run is reported as diverged.
+    run_once, calls = _fake_runs(diverging={0.02, 0.01, 0.005})
+    record = run.run_with_fallback(method, _tuning(0.02, trials), run_once, **quiet)
+    assert calls == [(0.02, 0), (0.01, 1), (0.005, 2)]
+    assert record["status"] == "diverged" and record["fallback"]["reported"] is None
+    assert [a["status"] for a in record["fallback"]["attempts"]] == ["diverged"] * 3
+    note = run._fallback_note(record["fallback"])
+    assert note.startswith("(diverged; so did every other validated setting: step_size=0.01 diverged after 24 steps")
+    # An optimizer's trial stands for its grid point and its best epoch.
+    assert run.trial_settings({"settings": {"learning_rate": 0.1}, "epochs": 7}) == {"learning_rate": 0.1, "epochs": 7}
+
+
+def test_reported_and_ood_runs_fall_back_when_the_choice_diverges(monkeypatch, tmp_path):
+    real_run = run.run_method
+
+    def run_method(key, method, config, task, noise, out, verbose, strategy=None, *, log_dir=None):
+        # The first reported and the first OOD run (not a tuning trial, not a fallback) get a
+        # step size far past stability, so whatever was chosen really diverges there.
+        first_final_run = "tuning" not in log_dir.parts and not log_dir.name.startswith("fallback")
+        if first_final_run:
+            method = run.apply_settings(method, {"step_size": 10.0})
+        return real_run(key, method, config, task, noise, out, verbose, strategy, log_dir=log_dir)
+
+    monkeypatch.setattr(run, "run_method", run_method)
+    path = _tuned_config_text(tmp_path, (
+        "quick: {epochs: 2, burn_in_epochs: 1, label_noise: [0.0],\n"
+        "        tune: {grids: {sgnht: {step_size: [5.0e-3, 1.0e-2, 10.0]}}}}\n"
+    ))
+    out = tmp_path / "out"
+    results = run.run_config(run.load_config(path), out, quick=True, methods="sgnht", verbose=0, log=lambda *_: None)
+    (record,), (ood_record,) = results["runs"], results["ood_runs"]
+    tuning = record["tuning"]
+    assert [t["status"] for t in tuning["trials"]] == ["ok", "ok", "diverged"]  # 10.0 diverges in tuning too
+    other = next(t for t in tuning["trials"][:2] if t["settings"] != tuning["chosen"])
+    for final in (record, ood_record):
+        fallback = final["fallback"]
+        assert fallback["first_choice"] == tuning["chosen"] and fallback["reported"] == other["settings"]
+        first, second = fallback["attempts"]
+        assert first["status"] == "diverged" and 0 <= first["diverged_at_step"] < 42  # 2 epochs of 21 steps
+        assert second["status"] == "ok" and final["status"] == "ok"
+        assert final["sampler"]["step_size"] == other["settings"]["step_size"]
+    assert load_strict_json(out / "results.json")["runs"][0]["fallback"] == record["fallback"]
+    table = (out / "table.md").read_text()
+    note = (f"(diverged after {record['fallback']['attempts'][0]['diverged_at_step']} steps; "
+            f"fallback: step_size={other['settings']['step_size']:g})")
+    assert f"| step_size={tuning['chosen']['step_size']:g} {note} |" in table
+    assert f"| SGNHT {run._fallback_note(ood_record['fallback'])} |" in table  # the OOD study's row
