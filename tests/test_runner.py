@@ -501,8 +501,10 @@ def test_fallback_goes_down_the_validated_settings_and_leaves_stable_runs_alone(
     assert calls == [(0.02, 0), (0.01, 1)] and record["status"] == "ok"
     assert record["fallback"] == {
         "first_choice": {"step_size": 0.02}, "reported": {"step_size": 0.01}, "validation_nll": 0.4,
-        "attempts": [{"settings": {"step_size": 0.02}, "validation_nll": 0.3, "status": "diverged", "diverged_at_step": 24},
-                     {"settings": {"step_size": 0.01}, "validation_nll": 0.4, "status": "ok", "diverged_at_step": None}]}
+        "attempts": [
+            {"settings": {"step_size": 0.02}, "validation_nll": 0.3, "status": "diverged", "diverged_at_step": 24},
+            {"settings": {"step_size": 0.01}, "validation_nll": 0.4, "status": "ok", "diverged_at_step": None},
+        ]}
     # Every setting diverges: all validated ones are tried, best first, and the first choice's
     # run is reported as diverged.
     run_once, calls = _fake_runs(diverging={0.02, 0.01, 0.005})
