@@ -1230,7 +1230,7 @@ def run_with_fallback(method: dict, tuning: dict | None, run_once, log=print) ->
     attempts = [attempt(tuning["chosen"], tuning["validation_nll"], first)]
     reported, reported_settings = first, None
     for number, (settings, nll) in enumerate(fallback_candidates(tuning), start=1):
-        log(f"    diverged ({_diverged_at(attempts[-1])}); falling back to the next-best validated setting: "
+        log(f"    {_diverged_at(attempts[-1])}; falling back to the next-best validated setting: "
             + _describe(settings))
         record = run_once(apply_settings(method, settings), number)
         attempts.append(attempt(settings, nll, record))

@@ -1,16 +1,18 @@
 """The runnable examples in the docstrings of the prediction, diagnostics, schedule and prior
-modules, and of the preconditioners, run and print what they show (doctest)."""
+modules, of the preconditioners and of the benchmark runner, run and print what they show
+(doctest)."""
 
 import doctest
 
 import pytest
 
+from benchmarks import run
 from keras_thermo import callbacks, chains, diagnostics, metrics, posterior, priors, random, schedules
 from keras_thermo.samplers import preconditioning
 
 
 @pytest.mark.parametrize(
-    "module", [metrics, diagnostics, posterior, callbacks, schedules, priors, preconditioning, chains, random],
+    "module", [metrics, diagnostics, posterior, callbacks, schedules, priors, preconditioning, chains, random, run],
     ids=lambda m: m.__name__,
 )
 def test_docstring_examples_run(module):
