@@ -5,11 +5,9 @@ generators. The only random state is therefore the seed (in the model config) an
 counter (a model variable): a resumed run continues the exact noise sequence, and replicas that
 share the step draw identical noise.
 
-Normals come from one stateless (Philox) uniform draw for all the tensors of a step, turned into
-normals by the Box-Muller transform written as whole-tensor operations (`standard_normal`): on
-a 2-core CPU this costs about a quarter less than TensorFlow's `stateless_normal` kernel, which
-applies the same transform one pair at a time (`python -m benchmarks.noise_draw`), and one draw
-for all variables saves a kernel launch per variable.
+Normals come from TensorFlow's `stateless_normal` kernel (Philox), one keyed draw per tensor.
+A fused Box-Muller draw of all tensors at once (`benchmarks/noise_draw.py`) is faster on a
+CPU but gives other chains; see `normal_like` for why the samplers keep this stream.
 """
 
 from __future__ import annotations
