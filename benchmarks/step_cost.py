@@ -747,7 +747,10 @@ def _write(out: Path, json_name: str, results: dict, table_name: str, table: str
 
 
 def peak_memory_mib() -> dict:
-    """This process's peak resident set size: VmHWM (Linux /proc) and `ru_maxrss`, in MiB."""
+    """This process's peak resident set size: VmHWM (Linux /proc) and `ru_maxrss`, in MiB.
+
+    VmHWM starts afresh at `exec`; Linux keeps `ru_maxrss` across `fork` and `exec`, so in a child
+    process started by this benchmark it is at least the parent's peak: only VmHWM is compared."""
     peak = {"ru_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
     try:
         with open("/proc/self/status", encoding="ascii") as handle:
