@@ -35,9 +35,15 @@ and the matrix-vector products are recorded). Each piece is reported in ms and a
 the measured step. On the engine path, `rule_costs` times each layer's rule: forming its blocks,
 its variances, one product pair and its Gram contribution.
 
-Memory (`--memory`). For each network, one subprocess fits only SGD and one only mCCAdL; each
-reports its peak resident set size (VmHWM, and `ru_maxrss`). Reported next to the size of `G`,
-`n * Nd * 4` bytes.
+Memory (`--with-memory` after the timing, into the same outputs; `--memory` alone, into
+`memory.json`). For each network, separate processes fit only SGD, only CCAdL (diag) and only
+mCCAdL (`--memory-repeats` processes each: a warm-up execution, then one timed-length fit), and
+each reports its peak resident set size (VmHWM, and `ru_maxrss`). Every process pays the same
+fixed memory (TensorFlow, the data, the model), so the difference of the median peaks of a
+method and SGD is what the method adds at its peak: its compiled step and the tensors live in
+it (per-example factors or rows, the C step's Krylov basis). Reported next to the size of `G`,
+`n * Nd * 4` bytes, with the issue's target for mCCAdL (100 MiB on the MLPs and the CNN,
+150 MiB on the LSTM).
 
 The issue's targets are written next to the measured values, with met / not met: SGLD, SGHMC,
 SGNHT (both integrators) and TACT-HMC within 1.3x SGD on the MLPs and 1.15x on the LSTM and the
@@ -47,10 +53,12 @@ CNN; CCAdL (diag) within 2x (MLP, CNN) and 3x (LSTM); mCCAdL within 2.5x (MLP), 
     python -m benchmarks.step_cost --out runs/step_cost [--networks emnist_mlp cifar10_cnn]
         [--steps 100] [--repeats 5] [--steps-per-execution 50] [--jit-compile]
         [--per-example-method auto|layers|vectorized|dense_layers] [--note "CPU, 2 shared cores"]
-    python -m benchmarks.step_cost --memory --out runs/step_cost
+    python -m benchmarks.step_cost --memory --out runs/step_cost [--memory-repeats 2]
+    python -m benchmarks.step_cost --with-memory --methods ccadl_diag mccadl --out runs/step_cost
     python -m benchmarks.step_cost --quick --out runs/step_cost_quick   # seconds; digits only
 
-Outputs in `--out`: `results.json` and `table.md` (timing), or `memory.json` and `memory.md`.
+Outputs in `--out`: `results.json` and `table.md` (timing, and memory with `--with-memory`), or
+`memory.json` and `memory.md` (`--memory`). `--methods` times a subset of the samplers (with SGD).
 
 Reference: Luo et al. (2018), "Thermostat-assisted continuously-tempered Hamiltonian Monte
 Carlo for Bayesian learning", NeurIPS, section 5.2 (networks and hyperparameters).
@@ -101,6 +109,9 @@ COVARIANCE_SAMPLERS = ("ccadl_diag", "mccadl")
 COVARIANCE_TARGET = {"ccadl_diag": {"mlp": 2.0, "lstm": 3.0, "cnn": 2.0},
                      "mccadl": {"mlp": 2.5, "lstm": 4.0, "cnn": 3.0}}
 C_STEP_TARGET_FRACTION = 0.25
+# Memory: the extra peak resident memory of mCCAdL over SGD, in MiB (CCAdL is reported too).
+MEMORY_METHODS = (SGD, "ccadl_diag", "mccadl")
+MEMORY_TARGET_MIB = {"mlp": 100, "lstm": 150, "cnn": 100}
 # Distinct random batches per network; the dataset repeats them.
 DISTINCT_BATCHES = 4
 _CHILD_MARKER = "STEP_COST_MEMORY_JSON "
@@ -213,7 +224,12 @@ def make_dataset(network: Network, seed: int = 0) -> tf.data.Dataset:
     x = rng.normal(size=(count, *network.input_shape)).astype("float32")
     y = rng.integers(0, network.num_classes, size=count).astype("int32")
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(network.batch_size, drop_remainder=True)
-    return dataset.cache().repeat()
+    # Without autotuning: its model thread, whose polling interval doubles from 10 ms, held up the
+    # end of each `fit` until the next poll, so wall times snapped to ~0.31, 0.63, 1.27, 2.55 s
+    # (the training loop was not affected). The batches are cached: there is nothing to tune.
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.cache().repeat().with_options(options)
 
 
 def per_example_method_support() -> tuple[bool, Any]:
@@ -736,7 +752,10 @@ def _write(out: Path, json_name: str, results: dict, table_name: str, table: str
 
 
 def peak_memory_mib() -> dict:
-    """This process's peak resident set size: VmHWM (Linux /proc) and `ru_maxrss`, in MiB."""
+    """This process's peak resident set size: VmHWM (Linux /proc) and `ru_maxrss`, in MiB.
+
+    VmHWM starts afresh at `exec`; Linux keeps `ru_maxrss` across `fork` and `exec`, so in a child
+    process started by this benchmark it is at least the parent's peak: only VmHWM is compared."""
     peak = {"ru_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
     try:
         with open("/proc/self/status", encoding="ascii") as handle:
@@ -773,49 +792,81 @@ def _child_command(network: str, method: str, args: argparse.Namespace) -> list[
     return command
 
 
-def run_memory(args: argparse.Namespace, networks: list[str]) -> dict:
-    """Peak RSS of a process fitting only SGD vs only mCCAdL, per network."""
+def measure_memory(args: argparse.Namespace, name: str) -> dict:
+    """Peak RSS of processes fitting only SGD, only CCAdL (diag) or only mCCAdL on network `name`.
+
+    Each method runs `--memory-repeats` times, each in a fresh process (same imports, data and
+    initial weights), so the difference of two methods' peaks is what the method adds: its
+    train function's graph and the tensors of its step. The median peak per method is compared.
+    """
     root = Path(__file__).resolve().parent.parent
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
-    per_network = {}
-    for name in networks:
-        network = NETWORKS[name]
-        runs = {}
-        for method in (SGD, "mccadl"):
+    network = NETWORKS[name]
+    runs = {}
+    for method in MEMORY_METHODS:
+        runs[method] = []
+        for _ in range(args.memory_repeats):
             completed = subprocess.run(_child_command(name, method, args), cwd=root, env=env,
                                        capture_output=True, text=True, check=False)
             lines = [l for l in completed.stdout.splitlines() if l.startswith(_CHILD_MARKER)]
             if completed.returncode != 0 or not lines:
-                runs[method] = {"error": f"exit {completed.returncode}: {completed.stderr[-2000:]}"}
+                runs[method].append({"error": f"exit {completed.returncode}: {completed.stderr[-2000:]}"})
             else:
-                runs[method] = json.loads(lines[-1][len(_CHILD_MARKER):])
-            print(f"  {name} {method}: {runs[method]}", flush=True)
-        num_params = runs["mccadl"].get("num_params") or runs[SGD].get("num_params")
-        g_mib = None if num_params is None else network.batch_size * num_params * 4 / 2**20
-        difference = None
-        if "vm_hwm_mib" in runs[SGD] and "vm_hwm_mib" in runs["mccadl"]:
-            difference = runs["mccadl"]["vm_hwm_mib"] - runs[SGD]["vm_hwm_mib"]
-        per_network[name] = {"runs": runs, "g_size_mib": g_mib, "mccadl_minus_sgd_peak_mib": difference,
-                             "batch_size": network.batch_size, "num_params": num_params}
+                runs[method].append(json.loads(lines[-1][len(_CHILD_MARKER):]))
+            print(f"  {name} {method}: {runs[method][-1]}", flush=True)
+    peaks = {method: _median(run.get("vm_hwm_mib") for run in method_runs) for method, method_runs in runs.items()}
+    num_params = next((run["num_params"] for method_runs in runs.values() for run in method_runs
+                       if "num_params" in run), None)
+    extra = {method: (None if peaks[method] is None or peaks[SGD] is None else peaks[method] - peaks[SGD])
+             for method in MEMORY_METHODS if method != SGD}
+    return {
+        "runs": runs, "median_vm_hwm_mib": peaks, "extra_peak_over_sgd_mib": extra,
+        "mccadl_minus_sgd_peak_mib": extra["mccadl"],
+        "g_size_mib": None if num_params is None else network.batch_size * num_params * 4 / 2**20,
+        "batch_size": network.batch_size, "num_params": num_params, "repeats": args.memory_repeats,
+        "target_extra_mccadl_mib": MEMORY_TARGET_MIB[network.kind],
+    }
+
+
+def memory_target_row(name: str, memory: dict) -> dict:
+    """The issue's memory target (mCCAdL's extra peak over SGD) as a row of `results["targets"]`."""
+    measured, bound = memory["mccadl_minus_sgd_peak_mib"], memory["target_extra_mccadl_mib"]
+    return {"network": name, "quantity": "mccadl - keras_sgd peak RSS (MiB)", "target": f"<= {bound}",
+            "measured": measured, "met": None if measured is None else bool(measured <= bound)}
+
+
+def memory_table(per_network: dict) -> str:
+    """Markdown: median peak RSS per method and what CCAdL and mCCAdL add over SGD."""
+    repeats = {entry["repeats"] for entry in per_network.values()}
+    lines = [f"Peak resident memory (VmHWM, median of {', '.join(map(str, sorted(repeats)))} processes per "
+             "method, each fitting one method only), the extra of CCAdL (diag) and mCCAdL over SGD, "
+             "and the size of G = n x Nd float32, in MiB.", "",
+             "| network | SGD peak | CCAdL diag - SGD | mCCAdL - SGD (target) | size of G |",
+             "|---|---|---|---|---|"]
+
+    def mib(value):
+        return "failed" if value is None else f"{value:.0f}"
+
+    for name, entry in per_network.items():
+        extra, g_mib = entry["extra_peak_over_sgd_mib"], entry["g_size_mib"]
+        lines.append(f"| {name} | {mib(entry['median_vm_hwm_mib'][SGD])} | {mib(extra['ccadl_diag'])} | "
+                     f"{mib(extra['mccadl'])} (<= {entry['target_extra_mccadl_mib']}) | "
+                     f"{'n/a' if g_mib is None else f'{g_mib:.1f}'} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_memory(args: argparse.Namespace, networks: list[str]) -> dict:
+    """Memory only (`--memory`): `measure_memory` per network, written to memory.json/memory.md."""
+    per_network = {name: measure_memory(args, name) for name in networks}
     results = {
         "machine": machine_info(),
         "settings": {"steps": args.steps, "steps_per_execution": args.steps_per_execution,
-                     "jit_compile": args.jit_compile, "per_example_method": args.per_example_method},
+                     "jit_compile": args.jit_compile, "per_example_method": args.per_example_method,
+                     "memory_repeats": args.memory_repeats},
         "networks": per_network,
+        "targets": [memory_target_row(name, entry) for name, entry in per_network.items()],
     }
-    lines = ["Peak resident memory (VmHWM) of a process fitting one method; G = n x Nd float32.", "",
-             "| network | SGD peak MiB | mCCAdL peak MiB | mCCAdL - SGD MiB | size of G MiB |",
-             "|---|---|---|---|---|"]
-    for name, entry in per_network.items():
-        def peak(method, entry=entry):
-            value = entry["runs"][method].get("vm_hwm_mib")
-            return "failed" if value is None else f"{value:.0f}"
-        difference = entry["mccadl_minus_sgd_peak_mib"]
-        g_mib = entry["g_size_mib"]
-        lines.append(f"| {name} | {peak(SGD)} | {peak('mccadl')} | "
-                     f"{'n/a' if difference is None else f'{difference:.0f}'} | "
-                     f"{'n/a' if g_mib is None else f'{g_mib:.1f}'} |")
-    table = "\n".join(lines) + "\n"
+    table = memory_table(per_network)
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
     _write(Path(args.out), "memory.json", results, "memory.md", table)
     print(table)
@@ -849,20 +900,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="timed calls per breakdown piece (default 20)")
     parser.add_argument("--memory", action="store_true",
                         help="measure peak memory (one subprocess per network and method) instead of time")
+    parser.add_argument("--with-memory", action="store_true",
+                        help="time, then measure peak memory as --memory does, into results.json and table.md")
+    parser.add_argument("--memory-repeats", type=int, default=None,
+                        help="processes per method for the peak memory (median; default 2)")
+    parser.add_argument("--methods", nargs="+", choices=SAMPLER_METHODS, default=None,
+                        help="time only these samplers (and Keras SGD); default: all")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: digits MLP, steps_per_execution 5, 10 steps, 2 repeats")
     parser.add_argument("--note", default=None,
                         help="free text stored in the JSON (for example the machine: 'CPU, 2 shared cores')")
     parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    quick = {"steps": 10, "repeats": 2, "steps_per_execution": 5, "breakdown_calls": 3}
-    full = {"repeats": 5, "steps_per_execution": 50, "breakdown_calls": 20}
+    quick = {"steps": 10, "repeats": 2, "steps_per_execution": 5, "breakdown_calls": 3, "memory_repeats": 1}
+    full = {"repeats": 5, "steps_per_execution": 50, "breakdown_calls": 20, "memory_repeats": 2}
     for key, value in (quick if args.quick else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.networks is None:
         args.networks = ["digits_mlp"] if args.quick else list(NETWORKS)
-    for key in ("steps", "repeats", "steps_per_execution", "breakdown_calls"):
+    for key in ("steps", "repeats", "steps_per_execution", "breakdown_calls", "memory_repeats"):
         if getattr(args, key) is not None and getattr(args, key) < 1:
             raise ValueError(f"`--{key.replace('_', '-')}` must be a positive integer, got {getattr(args, key)}.")
     if args.steps is not None and args.steps % args.steps_per_execution:
@@ -892,6 +949,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.per_example_method = None
     if args.memory:
         return run_memory(args, args.networks)
+    methods = [SGD, *args.methods] if args.methods else list(METHODS)
     per_example = {
         "requested": args.per_example_method,
         "supported_by_bayesian_model": supported,
@@ -899,14 +957,15 @@ def main(argv: list[str] | None = None) -> dict:
             default_method if supported else "vectorized (tf.vectorized_map; no per_example_method argument)"
         ),
         "breakdown_path": "BayesianModel.per_example_path of the mCCAdL model",
-        "vectorized_comparison": [m for m in METHODS if m.endswith(VECTORIZED_SUFFIX)],
+        "vectorized_comparison": [m for m in methods if m.endswith(VECTORIZED_SUFFIX)],
     }
     results = {
         "machine": machine_info(),
         "note": args.note,
         "settings": {
             "steps": args.steps, "repeats": args.repeats, "steps_per_execution": args.steps_per_execution,
-            "jit_compile": args.jit_compile, "quick": args.quick, "methods": list(METHODS),
+            "jit_compile": args.jit_compile, "quick": args.quick, "methods": methods,
+            "memory_repeats": args.memory_repeats if args.with_memory else None,
             "distinct_batches": DISTINCT_BATCHES, "breakdown_calls": args.breakdown_calls,
             "per_example_method": per_example, "prior": "Gaussian(1.0)", "temperature": 1.0,
         },
@@ -920,10 +979,10 @@ def main(argv: list[str] | None = None) -> dict:
     }
     for name in args.networks:
         network = NETWORKS[name]
-        print(f"{name}: timing {len(METHODS)} methods", flush=True)
+        print(f"{name}: timing {len(methods)} methods", flush=True)
         steps = timed_steps(network, args.steps, args.steps_per_execution)
         timing, models = time_methods(
-            network, list(METHODS), steps=steps, repeats=args.repeats,
+            network, methods, steps=steps, repeats=args.repeats,
             steps_per_execution=args.steps_per_execution, jit_compile=args.jit_compile,
             per_example_method=args.per_example_method,
         )
@@ -954,8 +1013,15 @@ def main(argv: list[str] | None = None) -> dict:
         results["targets"] += evaluate_targets(network, timing, entry["breakdown"])
         del models
         keras.backend.clear_session()  # free this network's graphs before the next
+        if args.with_memory:
+            print(f"{name}: peak memory", flush=True)
+            entry["memory"] = measure_memory(args, name)
+            results["targets"].append(memory_target_row(name, entry["memory"]))
     results["machine"]["load_average_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     table = markdown_tables(results)
+    with_memory = {name: entry["memory"] for name, entry in results["networks"].items() if entry.get("memory")}
+    if with_memory:
+        table += "\n" + memory_table(with_memory)
     _write(Path(args.out), "results.json", results, "table.md", table)
     print(table)
     return results

@@ -5,11 +5,9 @@ generators. The only random state is therefore the seed (in the model config) an
 counter (a model variable): a resumed run continues the exact noise sequence, and replicas that
 share the step draw identical noise.
 
-Normals come from one stateless (Philox) uniform draw for all the tensors of a step, turned into
-normals by the Box-Muller transform written as whole-tensor operations (`standard_normal`): on
-a 2-core CPU this costs about a quarter less than TensorFlow's `stateless_normal` kernel, which
-applies the same transform one pair at a time (`python -m benchmarks.noise_draw`), and one draw
-for all variables saves a kernel launch per variable.
+Normals come from TensorFlow's `stateless_normal` kernel (Philox), one keyed draw per tensor.
+A fused Box-Muller draw of all tensors at once (`benchmarks/noise_draw.py`) is faster on a
+CPU but gives other chains; see `normal_like` for why the samplers keep this stream.
 """
 
 from __future__ import annotations
@@ -49,8 +47,10 @@ def normal_like(key: tf.Tensor, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]
 
     One `tf.random.stateless_normal` per tensor, keyed by `fold_in(key, index)`. (A fused
     Box-Muller draw of all of them saves ~0.3 ms a step on the EMNIST MLP, `benchmarks/
-    noise_draw.py`, but changes every chain's noise, and the fixed-seed statistical tests were
-    validated on this stream, so the samplers keep it.)
+    noise_draw.py`, and passes the same high-power distribution checks as this draw,
+    `benchmarks/normal_draw_quality.py`; but it changes every chain's noise, and some fixed-seed
+    negative controls of the statistical tests reject their wrong sampler only on some streams,
+    `benchmarks/stream_sensitivity.py`, so the samplers keep the stream those tests pass on.)
 
     Args:
         key: A stateless key from `step_key`.

@@ -35,6 +35,7 @@ import tensorflow as tf
 import keras_thermo as kt
 from keras_thermo import per_example
 from keras_thermo.per_example import blocks as kt_blocks
+from keras_thermo.per_example.rules import conv as conv_rule
 from keras_thermo.samplers import CCAdL, MCCAdL
 
 tf.get_logger().setLevel(logging.ERROR)  # pfor logs retracing of its helper functions
@@ -330,6 +331,68 @@ def test_explicit_rows_in_chunks_equal_the_whole():
     np.testing.assert_array_equal(mapped, whole)
     np.testing.assert_allclose(whole, np.einsum("ntd,ntp->ndp", a.numpy(), delta.numpy()).reshape(10, -1),
                                rtol=1e-6, atol=1e-6)
+
+
+def _extracted_patches(layer, inputs):
+    """The patches by `tf.image.extract_patches` (the independent reference for the slices)."""
+    if layer.rank == 1:
+        if layer.padding == "causal":
+            inputs = tf.pad(inputs, [[0, 0], [layer.dilation_rate[0] * (layer.kernel_size[0] - 1), 0], [0, 0]])
+        images, sizes = inputs[:, tf.newaxis], (1, *layer.kernel_size)
+        strides, rates = (1, *layer.strides), (1, *layer.dilation_rate)
+    else:
+        images, sizes, strides, rates = inputs, layer.kernel_size, layer.strides, layer.dilation_rate
+    extracted = tf.image.extract_patches(images, sizes=[1, *sizes, 1], strides=[1, *strides, 1],
+                                         rates=[1, *rates, 1], padding="SAME" if layer.padding == "same" else "VALID")
+    return tf.reshape(extracted, [tf.shape(inputs)[0], -1, extracted.shape[-1]])
+
+
+PATCH_CASES = [  # (layer, input shape): every padding, strides and dilation, odd and even sizes
+    *[(keras.layers.Conv2D(2, kernel, strides=strides, dilation_rate=dilation, padding=padding), shape)
+      for kernel, strides, dilation in [(3, 1, 1), ((2, 3), (2, 1), 1), ((4, 2), (3, 2), 1), (3, 1, (2, 1))]
+      for padding in ("valid", "same") for shape in [(9, 8, 2), (10, 7, 2)]],
+    *[(keras.layers.Conv1D(2, kernel, strides=strides, dilation_rate=dilation, padding=padding), (11, 2))
+      for kernel, strides, dilation in [(3, 1, 1), (4, 3, 1), (2, 2, 1), (3, 1, 3)]
+      for padding in ("valid", "same", "causal")],
+]
+
+
+def test_convolution_patches_equal_the_extracted_patches():
+    """The strided slices are copies of the same input values: equal, also with the spatial sizes
+    known only at run time. (A wrong offset, stride or padding split moves whole patches.)"""
+    rng = np.random.default_rng(0)
+    for layer, shape in PATCH_CASES:
+        x = tf.constant(rng.standard_normal((3, *shape)).astype("float32"))
+        expected = _extracted_patches(layer, x).numpy()
+        np.testing.assert_array_equal(conv_rule.patches(layer, x).numpy(), expected, err_msg=str(layer.get_config()))
+        if layer.padding == "valid" or max(layer.strides + layer.dilation_rate) == 1:
+            continue  # run-time sizes: the cases whose padding and output size depend on them (one trace each)
+        dynamic = tf.function(lambda x, layer=layer: conv_rule.patches(layer, x),
+                              input_signature=[tf.TensorSpec([None] * len(shape) + [shape[-1]])])
+        np.testing.assert_array_equal(dynamic(x).numpy(), expected, err_msg=str(layer.get_config()))
+
+
+def test_convolution_rows_in_chunks_equal_the_whole():
+    """Patches formed one chunk of examples at a time (static and run-time batch size)."""
+    _seed(3)
+    layer = keras.layers.Conv2D(3, 3, strides=2, padding="same")
+    layer.build((None, 9, 9, 2))
+    rng = np.random.default_rng(4)
+    x = tf.constant(rng.standard_normal((10, 9, 9, 2)).astype("float32"))
+    delta = tf.constant(rng.standard_normal((10, 25, 3)).astype("float32"))
+    expand = lambda inputs: conv_rule.patches(layer, inputs[0])  # noqa: E731
+    whole = kt_blocks.explicit_gradients(conv_rule.patches(layer, x), delta).numpy()
+    original = kt_blocks.CHUNK_ENTRIES
+    kt_blocks.CHUNK_ENTRIES = 3 * 25 * (18 + 3)  # three examples' patches and errors per chunk
+    try:
+        chunked = kt_blocks.explicit_gradients((x,), delta, expand=expand, input_width=18).numpy()
+        spec = [tf.TensorSpec([None, 9, 9, 2]), tf.TensorSpec([None, 25, 3])]
+        mapped = tf.function(lambda x, delta: kt_blocks.explicit_gradients((x,), delta, expand=expand, input_width=18),
+                             input_signature=spec)(x, delta).numpy()
+    finally:
+        kt_blocks.CHUNK_ENTRIES = original
+    np.testing.assert_array_equal(chunked, whole)
+    np.testing.assert_array_equal(mapped, whole)
 
 
 def test_variables_in_another_order_than_the_layers_are_placed_by_variable():

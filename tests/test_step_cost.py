@@ -94,6 +94,18 @@ def test_quick_mode_breakdown_and_targets(quick_run):
     assert c_row["measured"] == breakdown["fraction_of_mccadl_step"]["c_step"]
     assert c_row["met"] == (c_row["measured"] <= 0.25)
 
+    # Each layer's rule on the engine path: both Dense layers as factors, every piece timed.
+    rules = digits["rule_costs"]
+    assert [(r["layer"], r["forms"]) for r in rules] == [("hidden1", ["FactorBlock"]), ("logits", ["FactorBlock"])]
+    assert [r["num_params"] for r in rules] == [64 * 50 + 50, 50 * 10 + 10]
+    for rule in rules:
+        assert set(rule["ms"]) == {"blocks", "variances", "product", "gram"}
+        assert all(ms >= 0 and math.isfinite(ms) for ms in rule["ms"].values())
+    # The vectorized comparison has no target; the engine runs have the issue's.
+    quantities = [row["quantity"] for row in results["targets"]]
+    assert "ccadl_diag / keras_sgd step time" in quantities
+    assert not any("vectorized" in quantity for quantity in quantities)
+
     table = (out / "table.md").read_text()
     for method in ["keras_sgd", *SAMPLERS]:
         assert f"| {method} |" in table
@@ -113,27 +125,32 @@ def test_steps_must_be_whole_executions():
         step_cost.parse_args(["--repeats", "0"])
 
 
-@pytest.mark.slow
-def test_memory_mode_reports_both_processes(tmp_path):
-    results = step_cost.main(["--memory", "--networks", "digits_mlp", "--steps", "10",
+@pytest.mark.slow  # five processes of ~10 s each
+def test_memory_mode_reports_every_process(tmp_path):
+    results = step_cost.main(["--memory", "--networks", "digits_mlp", "--steps", "10", "--memory-repeats", "1",
                               "--steps-per-execution", "5", "--out", str(tmp_path)])
     entry = load_strict_json(tmp_path / "memory.json")["networks"]["digits_mlp"]
-    for method in ("keras_sgd", "mccadl"):
-        run = entry["runs"][method]
+    for method in ("keras_sgd", "ccadl_diag", "mccadl"):
+        (run,) = entry["runs"][method]
         assert "error" not in run, run
         assert _positive_finite(run["vm_hwm_mib"]) and run["steps_completed"] == 10
+        assert entry["median_vm_hwm_mib"][method] == run["vm_hwm_mib"]
     assert entry["g_size_mib"] == pytest.approx(32 * 3760 * 4 / 2**20)
-    assert entry["mccadl_minus_sgd_peak_mib"] == pytest.approx(
-        entry["runs"]["mccadl"]["vm_hwm_mib"] - entry["runs"]["keras_sgd"]["vm_hwm_mib"])
+    for method in ("ccadl_diag", "mccadl"):
+        assert entry["extra_peak_over_sgd_mib"][method] == pytest.approx(
+            entry["runs"][method][0]["vm_hwm_mib"] - entry["runs"]["keras_sgd"][0]["vm_hwm_mib"])
+    assert entry["mccadl_minus_sgd_peak_mib"] == entry["extra_peak_over_sgd_mib"]["mccadl"]
+    (row,) = results["targets"]
+    assert row["target"] == "<= 100" and row["measured"] == entry["mccadl_minus_sgd_peak_mib"]
+    assert row["met"] == (row["measured"] <= 100)
     assert results["networks"]["digits_mlp"]["num_params"] == 3760
-    # Each layer's rule on the engine path: both Dense layers as factors, every piece timed.
-    rules = digits["rule_costs"]
-    assert [(r["layer"], r["forms"]) for r in rules] == [("hidden1", ["FactorBlock"]), ("logits", ["FactorBlock"])]
-    assert [r["num_params"] for r in rules] == [64 * 50 + 50, 50 * 10 + 10]
-    for rule in rules:
-        assert set(rule["ms"]) == {"blocks", "variances", "product", "gram"}
-        assert all(ms >= 0 and math.isfinite(ms) for ms in rule["ms"].values())
-    # The vectorized comparison has no target; the engine runs have the issue's.
-    quantities = [row["quantity"] for row in results["targets"]]
-    assert "ccadl_diag / keras_sgd step time" in quantities
-    assert not any("vectorized" in quantity for quantity in quantities)
+    assert "| digits_mlp |" in (tmp_path / "memory.md").read_text()
+
+
+def test_methods_subset_keeps_sgd():
+    args = step_cost.parse_args(["--methods", "mccadl", "sgld"])
+    assert args.methods == ["mccadl", "sgld"] and args.memory_repeats == 2
+    with pytest.raises(SystemExit):
+        step_cost.parse_args(["--methods", "keras_sgd"])
+    with pytest.raises(ValueError, match="--memory-repeats"):
+        step_cost.parse_args(["--memory-repeats", "0"])

@@ -37,7 +37,7 @@ for the Gram ("ghost") form of shared weights.
 from __future__ import annotations
 
 import abc
-from typing import Any, Hashable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import tensorflow as tf
 
@@ -169,17 +169,32 @@ class ExplicitBlock(ColumnBlock):
         return block
 
 
-def explicit_gradients(inputs: tf.Tensor, deltas: tf.Tensor) -> tf.Tensor:
+def explicit_gradients(inputs: Any, deltas: tf.Tensor, expand: Callable[[Any], tf.Tensor] | None = None,
+                       input_width: int | None = None) -> tf.Tensor:
     """`[n, d * p]`: example i's `A_i^T Delta_i` (`einsum('ntd,ntp->ndp')`), flattened row-major.
 
     Formed in chunks of examples when `n d p` (or the factors) would exceed `CHUNK_ENTRIES`.
+
+    Args:
+        inputs: `A`, `[n, T, d]`; with `expand`, any nest of tensors whose leading axis is the
+            examples (a convolution's inputs).
+        deltas: `Delta`, `[n, T, p]`.
+        expand: maps the first `m` examples of `inputs` (the same nest, sliced) to their
+            `[m, T, d]` factor, so that a factor much larger than `inputs` (convolution patches)
+            is only ever formed one chunk at a time.
+        input_width: `d`, required with `expand`.
     """
-    n, positions = inputs.shape[0], inputs.shape[1]
-    d, p = int(inputs.shape[2]), int(deltas.shape[2])
+    if expand is None:
+        expand, input_width = (lambda a: a), int(inputs.shape[2])
+    n, positions = deltas.shape[0], deltas.shape[1]
+    d, p = int(input_width), int(deltas.shape[2])
 
     def one(a, delta):
         # Contract over positions as one batched matmul: [m, d, T] x [m, T, p].
-        return tf.reshape(tf.matmul(a, delta, transpose_a=True), [-1, d * p])
+        return tf.reshape(tf.matmul(expand(a), delta, transpose_a=True), [-1, d * p])
+
+    def examples(start, stop):
+        return tf.nest.map_structure(lambda tensor: tensor[start:stop], inputs)
 
     if positions is None:
         return one(inputs, deltas)
@@ -189,20 +204,20 @@ def explicit_gradients(inputs: tf.Tensor, deltas: tf.Tensor) -> tf.Tensor:
         if n <= chunk:
             return one(inputs, deltas)
         return tf.concat(
-            [one(inputs[start:start + chunk], deltas[start:start + chunk]) for start in range(0, n, chunk)],
+            [one(examples(start, start + chunk), deltas[start:start + chunk]) for start in range(0, n, chunk)],
             axis=0,
         )
     # Batch size known at run time only: pad to whole chunks and map over them.
-    count = tf.shape(inputs)[0]
+    count = tf.shape(deltas)[0]
     padding = (-count) % chunk
-    inputs = tf.pad(inputs, [[0, padding], [0, 0], [0, 0]])
-    deltas = tf.pad(deltas, [[0, padding], [0, 0], [0, 0]])
-    chunked = tf.map_fn(
-        lambda pair: one(*pair),
-        (tf.reshape(inputs, [-1, chunk, positions, d]), tf.reshape(deltas, [-1, chunk, positions, p])),
-        fn_output_signature=inputs.dtype,
-    )
-    return tf.reshape(chunked, [-1, d * p])[:count]
+
+    def chunked(tensor):
+        padded = tf.pad(tensor, [[0, padding]] + [[0, 0]] * (tensor.shape.rank - 1))
+        return tf.reshape(padded, tf.concat([[-1, chunk], tf.shape(tensor)[1:]], axis=0))
+
+    rows = tf.map_fn(lambda pair: one(*pair), (tf.nest.map_structure(chunked, inputs), chunked(deltas)),
+                     fn_output_signature=deltas.dtype)
+    return tf.reshape(rows, [-1, d * p])[:count]
 
 
 class FactorBlock(ColumnBlock):
@@ -379,6 +394,14 @@ def _dense_frobenius_squared(a: tf.Tensor, delta: tf.Tensor, bias: bool) -> tf.T
     return tf.maximum(total, 0.0)
 
 
+def uses_factor_form(deltas: tf.Tensor, input_width: int) -> bool:
+    """Whether a kernel shared over `T` positions keeps its factors (see the module docstring):
+    `T = 1`, or `n T (d + p) < d p` with `n` and `T` static. `deltas` is `[n, T, p]`, `d` the
+    input width."""
+    n, positions, p = deltas.shape[0], deltas.shape[1], int(deltas.shape[2])
+    return positions == 1 or (None not in (n, positions) and n * positions * (input_width + p) < input_width * p)
+
+
 def factor_or_explicit(inputs: tf.Tensor, deltas: tf.Tensor, has_bias: bool) -> ColumnBlock:
     """The cheaper form of a shared kernel's per-example gradients (see the module docstring).
 
@@ -394,9 +417,8 @@ def factor_or_explicit(inputs: tf.Tensor, deltas: tf.Tensor, has_bias: bool) -> 
         >>> type(factor_or_explicit(tf.ones([8, 900, 27]), tf.ones([8, 900, 16]), True)).__name__
         'ExplicitBlock'
     """
-    positions, d, p = inputs.shape[1], int(inputs.shape[2]), int(deltas.shape[2])
-    n = inputs.shape[0]
-    if positions == 1 or (None not in (n, positions) and n * positions * (d + p) < d * p):
+    d, p = int(inputs.shape[2]), int(deltas.shape[2])
+    if uses_factor_form(deltas, d):
         return FactorBlock(inputs, deltas, has_bias)
     pieces = [explicit_gradients(inputs, deltas)]
     if has_bias:

@@ -1,0 +1,135 @@
+"""How often do the fixed-seed negative controls of the statistical tests reject, over noise streams?
+
+When the samplers' noise draw was switched to the fused Box-Muller draw
+(`benchmarks.noise_draw.box_muller_normal`), assertions of the statistical tests failed. Those
+that failed were negative controls (a wrong sampler the check must reject) and a resolution
+bound, not the checks of correct samplers. A negative control with few chains has limited
+power: over noise streams it rejects with some probability below 1, and a new stream can make it
+pass. This measures that probability: it reruns the negative controls of
+tests/test_statistical_ccadl.py (CCAdL without beta at T = 2, mCCAdL without the mass at M = 4:
+3 chains x 600 steps, the thermostat check at alpha = 0.01) and of tests/test_statistical_sgld.py
+(SGLD with the 12x schedule: 8 chains x 1000 steps, the posterior check at alpha = 0.01) with
+`run_chains(seed=s)` for seeds `1..--seeds` (seed 0, the tests' own, is reported apart: the tests
+were validated on it), under both draws, and reports the rejection rate of each (with its
+binomial standard error) and the statistics behind it.
+
+    python -m benchmarks.stream_sensitivity --out benchmarks/results/stream_sensitivity.json [--seeds 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import step_cost
+from benchmarks.noise_draw import box_muller_normal
+from keras_thermo import random as kt_random
+from keras_thermo import testing
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+
+
+def _test_module(name: str):
+    spec = importlib.util.spec_from_file_location(f"_stream_sensitivity_{name}", TESTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def fused_box_muller_normal_like(key, tensors):
+    """`normal_like` as it was with the fused draw: one Box-Muller draw of every tensor's entries
+    (in the widest dtype), split and reshaped in order."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    if not tensors:
+        return []
+    sizes = [like.shape.num_elements() if like.shape.is_fully_defined() else tf.size(like) for like in tensors]
+    dtype = tf.float64 if any(like.dtype == tf.float64 for like in tensors) else tf.float32
+    flat = box_muller_normal(key, sum(sizes[1:], sizes[0]), dtype)
+    pieces = tf.split(flat, sizes) if len(tensors) > 1 else [flat]
+    return [tf.cast(tf.reshape(piece, tf.shape(like)), like.dtype) for piece, like in zip(pieces, tensors)]
+
+
+DRAWS = {"kernel_normal_like": kt_random.normal_like, "box_muller_fused": fused_box_muller_normal_like}
+
+
+def ccadl_control(module, name: str, seed: int) -> dict:
+    config, factor = module.NEGATIVE[name]
+    x, y = module._regression_problem()
+    mean, _ = module._exact(config, x, y)
+    result = testing.run_chains(
+        module._make_sampler(config, factor), x, y, num_chains=3, num_steps=600, batch_size=module.BATCH,
+        burn_in_steps=200, every_n_steps=2, prior_std=module.PRIOR_STD, temperature=config.temperature,
+        initial_params=mean.astype(np.float32), log_keys=("kinetic_temperature", "xi"), seed=seed,
+    )
+    check = module._thermostat_check(result, config, module._noise_friction_scale(config, x, y, mean),
+                                     alpha=module.DEFAULT_ALPHA)
+    return {"rejected": not check.passed, "kinetic_t": check.kinetic_t, "threshold": check.threshold,
+            "xi_error": check.xi_error, "xi_allowance": check.allowance}
+
+
+def sgld_control(module, seed: int) -> dict:
+    import keras_thermo as kt  # noqa: PLC0415
+
+    x, y, mean, covariance = module._problem()
+    schedule = module._schedule(1000, 12.0)
+    result = testing.run_chains(
+        lambda: kt.samplers.SGLD(schedule), x, y, num_chains=8, num_steps=1000, batch_size=module.BATCH,
+        burn_in_steps=100, every_n_steps=2, prior_std=module.PRIOR_STD, initial_params=mean.astype(np.float32),
+        log_keys=(), seed=seed,
+    )
+    weights = kt.samplers.SGLD(schedule).step_size_at(result.steps - 1).numpy()
+    check = testing.compare_with_gaussian(result.samples, mean, covariance, alpha=0.01, weights=weights)
+    return {"rejected": not check.passed, "max_abs_variance_t": float(np.max(np.abs(check.variance_t))),
+            "max_abs_mean_t": float(np.max(np.abs(check.mean_t))), "threshold": float(check.threshold)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="runs/stream_sensitivity.json")
+    parser.add_argument("--seeds", type=int, default=8, help="seeds 1..seeds (and the tests' own seed 0)")
+    args = parser.parse_args(argv)
+    ccadl, sgld = _test_module("test_statistical_ccadl"), _test_module("test_statistical_sgld")
+    controls = {name: (lambda seed, name=name: ccadl_control(ccadl, name, seed)) for name in sorted(ccadl.NEGATIVE)}
+    controls["sgld-12x-schedule"] = lambda seed: sgld_control(sgld, seed)
+    original = kt_random.normal_like
+    results = {"machine": step_cost.machine_info(), "settings": {"seeds": list(range(args.seeds + 1))},
+               "controls": {}}
+    try:
+        for control, run in controls.items():
+            results["controls"][control] = {}
+            for draw, normal_like in DRAWS.items():
+                kt_random.normal_like = normal_like
+                runs = {}
+                for seed in range(args.seeds + 1):
+                    start = time.perf_counter()
+                    runs[seed] = run(seed)
+                    print(f"{control} {draw} seed {seed}: {runs[seed]} ({time.perf_counter() - start:.0f} s)", flush=True)
+                other = [runs[seed]["rejected"] for seed in range(1, args.seeds + 1)]
+                rate = float(np.mean(other))
+                results["controls"][control][draw] = {
+                    "runs": runs, "rejected_with_the_tests_seed_0": runs[0]["rejected"],
+                    "rejection_rate_seeds_1_on": rate,
+                    "rejection_rate_standard_error": float(np.sqrt(max(rate * (1 - rate), 1e-12) / len(other))),
+                }
+    finally:
+        kt_random.normal_like = original
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(step_cost._json_safe(results), indent=1, default=float))
+    for control, draws in results["controls"].items():
+        for draw, entry in draws.items():
+            print(f"{control} {draw}: seed 0 rejected {entry['rejected_with_the_tests_seed_0']}, "
+                  f"rate over seeds 1-{args.seeds} {entry['rejection_rate_seeds_1_on']:.2f}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
