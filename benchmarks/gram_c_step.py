@@ -2,13 +2,15 @@
 
 * `emnist_mlp`: the EMNIST MLP of `benchmarks.step_cost` (n = 128, Nd = 83,247), its Dense-layer
   factors (`dense_gradients.dense_layer_gradients`) on a random batch, at the `tau` of its
-  step size; also the products and Gram matrix alone, which every method needs;
+  step size; also the products and Gram matrix alone, which every method needs, and the
+  Lanczos part alone (`krylov.filter_action` on the float64 Gram matrix at the planned steps);
 * `regression`: a dense centered `[500, 100]` matrix (the mCCAdL paper's regression: batches of
   n = 500 examples, Nd = 100 parameters; singular values 0.97^i), at `tau rho = 1` and `10`.
 
 Each case is one warm `tf.function` of `expm_action` (no XLA), timed `--calls` times interleaved
 with the others and with an empty function, whose median is subtracted. The script only uses
-`keras_thermo.linalg.expm_action`, so the same file measures any version of the library.
+`keras_thermo.linalg.expm_action` and `krylov.filter_action`/`krylov_steps`, so the same file
+measures any version of the library that has them.
 
     python -m benchmarks.gram_c_step --out benchmarks/results/gram_c_step.json [--calls 40]
 """
@@ -28,6 +30,7 @@ import tensorflow as tf
 from benchmarks import step_cost
 from keras_thermo import dense_gradients
 from keras_thermo import linalg as kt_linalg
+from keras_thermo.linalg import krylov
 
 
 def _centered(seed: int, n: int, d: int, decay: float) -> np.ndarray:
@@ -48,6 +51,12 @@ def cases() -> dict:
     rows = dense_gradients.dense_layer_gradients(net, step_cost._loss(), x, y).covariance_factor()
     v = tf.random.stateless_normal([rows.num_cols, 1], seed=[0, 1])
     tau = tf.constant(network.c_step_tau(), tf.float32)
+    # The Lanczos part alone: `f(K) (Gc v)` on the float64 Gram matrix, at the planned steps.
+    gram64, block64 = tf.cast(rows.gram(), tf.float64), tf.cast(rows.matvec(v), tf.float64)
+    tau64 = tf.cast(tau, tf.float64)
+    steps = krylov.krylov_steps(
+        tau64 * krylov.spectral_bound(gram64), gram64.shape[0], krylov.reach_table(tf.float32)
+    )
     regression = tf.constant(_centered(0, 500, 100, 0.97))
     rho = float(np.linalg.eigvalsh(regression.numpy().astype(np.float64).T @ regression.numpy())[-1])
     v_regression = tf.random.stateless_normal([100, 1], seed=[0, 2])
@@ -56,6 +65,7 @@ def cases() -> dict:
         "emnist_mlp_gram": lambda: kt_linalg.expm_action(rows, v, tau, method="gram")[0],
         "emnist_mlp_auto": lambda: kt_linalg.expm_action(rows, v, tau, method="auto")[0],
         "emnist_mlp_products_and_gram_matrix": lambda: rows.rmatvec(rows.matvec(v)) + tf.reduce_sum(rows.gram()),
+        "emnist_mlp_lanczos_filter": lambda: krylov.filter_action(gram64, block64, tau64, steps)[0],
     }
     for tau_rho in (1.0, 10.0):
         regression_tau = tf.constant(tau_rho / rho, tf.float32)
