@@ -59,6 +59,25 @@ Config schema (keys not listed are errors):
           initial_std: 1.0             # those left out take its defaults)
         evaluation: {every_n_steps: 50}   # optional per-method evaluation overrides
         epochs: 40                     # optional: this method's budget instead of training.epochs
+      sgnht_cyclical:
+        sampler: sgnht
+        options: {step_size: 2.0e-2, friction: 10.0}   # the step size at the start of every cycle
+        prior_std: 1.0
+        step_size_schedule:            # optional: kt.schedules.Cyclical (cSG-MCMC) over the run
+          kind: cyclical
+          cycles: 4                    # cycles over the run's K steps (ceil(K / cycles) each),
+                                       # or cycle_epochs: 7.5 (epochs per cycle, <= the budget)
+          exploration_fraction: 0.5    # [0, 1): each cycle's first part, never averaged
+        evaluation: {burn_in_epochs: 0}   # the phases can stand for the burn-in (cSG-MCMC)
+      sgnht_ramp:
+        sampler: sgnht
+        options: {step_size: 1.0e-2, friction: 10.0}
+        temperature: 0.1               # where the ramp ends
+        temperature_schedule:          # optional: kt.schedules.TemperatureRamp to `temperature`
+          kind: ramp
+          initial_temperature: 1.0     # T0 > 0 at the first step
+          ramp_epochs: 10              # > 0 and below the budget; no averaging before it ends
+          interpolation: geometric     # or linear (default geometric)
     tune:                              # optional: choose hyperparameters on a validation split
       validation_fraction: 0.2         # stratified part of the TRAINING split held out (clean labels)
       seed: null                       # seed of that hold-out (null: training.seed)
@@ -68,6 +87,7 @@ Config schema (keys not listed are errors):
         adam: {learning_rate: [1.0e-3, 3.0e-3]}
         sgnht: {step_size: [5.0e-3, 1.0e-2], prior_std: [1.0, 3.0], temperature: [1.0]}
         sgnht_hierarchical: {prior.beta: [0.1, 1.0, 10.0]}   # an argument of its `prior:`
+        sgnht_cyclical: {step_size_schedule.exploration_fraction: [0.5, 0.8]}   # and of a schedule
       share: {sgnht_layerwise: sgnht}  # runs with the settings chosen for sgnht, untuned itself
     ood:                               # optional (digits): an out-of-distribution study
       in_classes: [0, 1, 2, 3, 4]      # trained on, and their test images held out
@@ -81,12 +101,24 @@ Config schema (keys not listed are errors):
       burn_in_epochs: 0
       every_n_steps: 1
       label_noise: [0.0]
-      methods: {tact_hmc: {sample_every: 1}}   # per-method hyperparameter overrides
+      methods: {tact_hmc: {sample_every: 1}}   # per-method hyperparameter overrides: options,
+        # or a schedule's arguments, e.g. {sgnht_ramp: {temperature_schedule: {ramp_epochs: 1}}}
       tune: {grids: {adam: {learning_rate: [1.0e-3]}}}   # replaces tune's keys (grids whole)
 
 A sampler's prior is `prior_std` (a shorthand for `prior: {kind: gaussian, std: ...}`) or a
 `prior:` mapping, not both; grids tune a `prior:` mapping's arguments as `prior.<argument>`.
 A stateful prior (`hierarchical`) needs `training.num_chains: 1`.
+
+Schedules (samplers): `step_size_schedule: {kind: cyclical, ...}` runs the sampler with
+`kt.schedules.Cyclical`, whose cycles start at the method's `options.step_size`; the sampler
+flags as samples only the steps of each cycle's sampling phase, so the posterior average (and
+the OOD study's) uses those alone, from the burn-in on (any burn-in still applies: set
+`burn_in_epochs: 0` to let the phases alone decide). `temperature_schedule: {kind: ramp, ...}`
+gives `BayesianModel` a `kt.schedules.TemperatureRamp` from `initial_temperature` to the
+method's `temperature` over `ramp_epochs`; the posterior average never starts before the ramp
+ends (a fixed burn-in is raised to it, and with `auto` the EquilibrationCheck waits for it).
+Grid keys `step_size_schedule.<argument>` and `temperature_schedule.<argument>` tune their
+arguments (a tuned `step_size` and `temperature` move the cycles' start and the ramp's end).
 
 Tuning (`tune:`), for every method with a grid: (1) each trial trains on the training split
 less a stratified validation part and is scored by the validation NLL; optimizers by the
@@ -366,15 +398,16 @@ def check_prior(where: str, method: dict, num_chains: int = 1) -> dict:
     return prior
 
 
-def _positive(where: str, value: Any, *, integer: bool = False, below: float | None = None) -> None:
-    """A config error naming `where` unless `value` is a positive number (an int if `integer`)
-    less than `below`."""
+def _positive(where: str, value: Any, *, integer: bool = False, below: float | None = None,
+              at_most: float | None = None) -> None:
+    """A config error naming `where` unless `value` is a positive number (an int if `integer`),
+    less than `below` and at most `at_most` where given."""
     kinds = int if integer else (int, float)
     if (isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) or value <= 0
-            or (below is not None and value >= below)):
+            or (below is not None and value >= below) or (at_most is not None and value > at_most)):
+        bound = f" below {below!r}" if below is not None else (f" at most {at_most!r}" if at_most is not None else "")
         allowed = "a positive integer" if integer else "a positive number"
-        raise ConfigError(f"`{where}` must be {allowed}" + (f" below {below!r}" if below is not None else "")
-                          + f", got {value!r}.")
+        raise ConfigError(f"`{where}` must be {allowed}{bound}, got {value!r}.")
 
 
 def check_schedules(where: str, method: dict, epochs: int) -> None:
@@ -404,7 +437,7 @@ def check_schedules(where: str, method: dict, epochs: int) -> None:
         if "cycles" in cyclical:
             _positive(f"{where}.step_size_schedule.cycles", cyclical["cycles"], integer=True)
         else:
-            _positive(f"{where}.step_size_schedule.cycle_epochs", cyclical["cycle_epochs"], below=epochs + 1e-9)
+            _positive(f"{where}.step_size_schedule.cycle_epochs", cyclical["cycle_epochs"], at_most=epochs)
         if "exploration_fraction" in cyclical:
             _fraction(f"{where}.step_size_schedule.exploration_fraction", cyclical["exploration_fraction"],
                       open_low=False, open_high=True)
@@ -419,7 +452,7 @@ def check_schedules(where: str, method: dict, epochs: int) -> None:
 
         _positive(f"{where}.temperature_schedule.initial_temperature", ramp["initial_temperature"])
         # The posterior average starts after the ramp, so the ramp must end within the budget.
-        _positive(f"{where}.temperature_schedule.ramp_epochs", ramp["ramp_epochs"], below=epochs)
+        _positive(f"{where}.temperature_schedule.ramp_epochs", ramp["ramp_epochs"], below=epochs)  # epochs: budget
         if ramp.get("interpolation", "geometric") not in RAMP_INTERPOLATIONS:
             raise ConfigError(
                 f"`{where}.temperature_schedule.interpolation` must be one of {list(RAMP_INTERPOLATIONS)}, "
@@ -1749,8 +1782,12 @@ def run_config(
         for settings in grid_points(grid) if grid else [{}]:
             trial = apply_settings(method, settings)
             if "sampler" in trial:
-                where = f"methods.{key}" + (f" (tuning setting {_describe(settings)})" if settings else "")
-                check_schedules(where, trial, int(trial.get("epochs", config["training"]["epochs"])))
+                try:
+                    check_schedules(f"methods.{key}", trial, int(trial.get("epochs", config["training"]["epochs"])))
+                except ConfigError as error:
+                    raise ConfigError(f"{str(error).rstrip('.')} (a setting of the tuning grid: {_describe(settings)})."
+                                      if settings
+                                      else str(error)) from error
                 build_sampler(trial)
                 build_prior(trial)
             else:
