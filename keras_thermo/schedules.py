@@ -179,6 +179,8 @@ class TemperatureRamp(TemperatureSchedule):
         >>> ramp = TemperatureRamp(initial_temperature=4.0, temperature=1.0, ramp_steps=2)
         >>> [float(ramp(t)) for t in range(4)]
         [4.0, 2.0, 1.0, 1.0]
+        >>> ramp.constant_from_step()  # no recording before this step
+        2
     """
 
     def __init__(
