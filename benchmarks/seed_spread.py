@@ -53,7 +53,8 @@ def _seed_results(group: str | Path) -> tuple[int, list[dict], list[dict]]:
         runs += results["runs"]
         ood_runs += results.get("ood_runs") or []
     if len(seeds) != 1:
-        raise ValueError(f"The folders {str(group)!r} were run with different seeds {sorted(seeds)}; give one seed each.")
+        raise ValueError(
+            f"The folders {str(group)!r} were run with different seeds {sorted(seeds)}; give one seed each.")
     return seeds.pop(), runs, ood_runs
 
 

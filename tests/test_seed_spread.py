@@ -30,7 +30,8 @@ def test_means_spreads_and_paired_differences(tmp_path):
     text = seed_spread.markdown(values, labels, seeds, reference="A")
     # A: mean 0.5, sd 0.2; B: 0.40, 0.56 and a diverged run; B - A paired: 0.10, 0.06 -> 0.08 +- 0.0283.
     assert "| NLL | 20% | A | 0.3000 | 0.5000 | 0.7000 | 0.5000 +- 0.2000 |  |" in text
-    assert "| NLL | 20% | B | 0.4000 | 0.5600 | n/a | 0.4800 +- 0.1131 (1 missing) | 0.0800 +- 0.0283 (1 missing) |" in text
+    assert ("| NLL | 20% | B | 0.4000 | 0.5600 | n/a | 0.4800 +- 0.1131 (1 missing) | 0.0800 +- 0.0283 (1 missing) |"
+            in text)
     assert "| OOD AUROC, entropy | OOD | A | 0.900 | 0.900 | 0.900 | 0.900 +- 0.000 |  |" in text
     assert "| OOD AUROC, MI | OOD | A | n/a | n/a | n/a | n/a |  |" in text
 
