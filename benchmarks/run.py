@@ -59,6 +59,25 @@ Config schema (keys not listed are errors):
           initial_std: 1.0             # those left out take its defaults)
         evaluation: {every_n_steps: 50}   # optional per-method evaluation overrides
         epochs: 40                     # optional: this method's budget instead of training.epochs
+      sgnht_cyclical:
+        sampler: sgnht
+        options: {step_size: 2.0e-2, friction: 10.0}   # the step size at the start of every cycle
+        prior_std: 1.0
+        step_size_schedule:            # optional: kt.schedules.Cyclical (cSG-MCMC) over the run
+          kind: cyclical
+          cycles: 4                    # cycles over the run's K steps (ceil(K / cycles) each),
+                                       # or cycle_epochs: 7.5 (epochs per cycle, <= the budget)
+          exploration_fraction: 0.5    # [0, 1): each cycle's first part, never averaged
+        evaluation: {burn_in_epochs: 0}   # the phases can stand for the burn-in (cSG-MCMC)
+      sgnht_ramp:
+        sampler: sgnht
+        options: {step_size: 1.0e-2, friction: 10.0}
+        temperature: 0.1               # where the ramp ends
+        temperature_schedule:          # optional: kt.schedules.TemperatureRamp to `temperature`
+          kind: ramp
+          initial_temperature: 1.0     # T0 > 0 at the first step
+          ramp_epochs: 10              # > 0 and below the budget; no averaging before it ends
+          interpolation: geometric     # or linear (default geometric)
     tune:                              # optional: choose hyperparameters on a validation split
       validation_fraction: 0.2         # stratified part of the TRAINING split held out (clean labels)
       seed: null                       # seed of that hold-out (null: training.seed)
@@ -68,6 +87,7 @@ Config schema (keys not listed are errors):
         adam: {learning_rate: [1.0e-3, 3.0e-3]}
         sgnht: {step_size: [5.0e-3, 1.0e-2], prior_std: [1.0, 3.0], temperature: [1.0]}
         sgnht_hierarchical: {prior.beta: [0.1, 1.0, 10.0]}   # an argument of its `prior:`
+        sgnht_cyclical: {step_size_schedule.exploration_fraction: [0.5, 0.8]}   # and of a schedule
       share: {sgnht_layerwise: sgnht}  # runs with the settings chosen for sgnht, untuned itself
     ood:                               # optional (digits): an out-of-distribution study
       in_classes: [0, 1, 2, 3, 4]      # trained on, and their test images held out
@@ -81,12 +101,24 @@ Config schema (keys not listed are errors):
       burn_in_epochs: 0
       every_n_steps: 1
       label_noise: [0.0]
-      methods: {tact_hmc: {sample_every: 1}}   # per-method hyperparameter overrides
+      methods: {tact_hmc: {sample_every: 1}}   # per-method hyperparameter overrides: options,
+        # or a schedule's arguments, e.g. {sgnht_ramp: {temperature_schedule: {ramp_epochs: 1}}}
       tune: {grids: {adam: {learning_rate: [1.0e-3]}}}   # replaces tune's keys (grids whole)
 
 A sampler's prior is `prior_std` (a shorthand for `prior: {kind: gaussian, std: ...}`) or a
 `prior:` mapping, not both; grids tune a `prior:` mapping's arguments as `prior.<argument>`.
 A stateful prior (`hierarchical`) needs `training.num_chains: 1`.
+
+Schedules (samplers): `step_size_schedule: {kind: cyclical, ...}` runs the sampler with
+`kt.schedules.Cyclical`, whose cycles start at the method's `options.step_size`; the sampler
+flags as samples only the steps of each cycle's sampling phase, so the posterior average (and
+the OOD study's) uses those alone, from the burn-in on (any burn-in still applies: set
+`burn_in_epochs: 0` to let the phases alone decide). `temperature_schedule: {kind: ramp, ...}`
+gives `BayesianModel` a `kt.schedules.TemperatureRamp` from `initial_temperature` to the
+method's `temperature` over `ramp_epochs`; the posterior average never starts before the ramp
+ends (a fixed burn-in is raised to it, and with `auto` the EquilibrationCheck waits for it).
+Grid keys `step_size_schedule.<argument>` and `temperature_schedule.<argument>` tune their
+arguments (a tuned `step_size` and `temperature` move the cycles' start and the ramp's end).
 
 Tuning (`tune:`), for every method with a grid: (1) each trial trains on the training split
 less a stratified validation part and is scored by the validation NLL; optimizers by the
@@ -151,7 +183,7 @@ TRAINING_KEYS = {"epochs", "batch_size", "steps_per_execution", "seed", "num_cha
 EVALUATION_KEYS = {"burn_in_epochs", "burn_in_steps", "every_n_steps", "weighting", "num_bins", "check_block_epochs",
                    "max_burn_in_epochs"}
 METHOD_KEYS = {"label", "optimizer", "sampler", "options", "prior_std", "prior", "temperature", "evaluation",
-               "epochs"}
+               "epochs", "step_size_schedule", "temperature_schedule"}
 QUICK_KEYS = {
     "epochs", "train_limit", "test_limit", "mock_examples", "burn_in_epochs", "burn_in_steps",
     "every_n_steps", "label_noise", "methods", "tune",
@@ -168,6 +200,18 @@ PRIOR_KINDS = {
     "hierarchical": ("HierarchicalGaussian", ("alpha", "beta", "resample_every", "initial_std")),
 }
 PRIOR_GRID_PREFIX = "prior."
+SCHEDULE_KEYS = ("step_size_schedule", "temperature_schedule")
+# A sampler's schedules (module doc): `kind` -> the arguments its mapping takes, and those it needs.
+STEP_SIZE_SCHEDULE_KINDS = {"cyclical": ("cycles", "cycle_epochs", "exploration_fraction")}
+TEMPERATURE_SCHEDULE_KINDS = {"ramp": ("initial_temperature", "ramp_epochs", "interpolation")}
+REQUIRED_SCHEDULE_ARGUMENTS = {"ramp": ("initial_temperature", "ramp_epochs")}
+# Method keys that hold a `kind:` mapping -> {kind: its arguments}; the grid key
+# `<method key>.<argument>` (e.g. `step_size_schedule.exploration_fraction`) sets an argument.
+MAPPING_PARAMETERS = {
+    "prior": {kind: arguments for kind, (_, arguments) in PRIOR_KINDS.items()},
+    "step_size_schedule": STEP_SIZE_SCHEDULE_KINDS,
+    "temperature_schedule": TEMPERATURE_SCHEDULE_KINDS,
+}
 OOD_KEYS = {"in_classes", "out_classes", "label_noise"}
 DATASETS = ("digits", "emnist_balanced", "fashion_mnist", "cifar10")
 DEFAULT_MOCK_EXAMPLES = 64
@@ -277,6 +321,7 @@ def load_config(path: str | os.PathLike) -> dict:
         _check_keys(f"methods.{key}.evaluation", method.get("evaluation"), EVALUATION_KEYS)
         if "prior" in method:
             check_prior(f"methods.{key}", method, training["num_chains"])
+        check_schedules(f"methods.{key}", method, int(method.get("epochs", training["epochs"])))
     config["title"] = config.get("title") or str(config["name"])
     if config.get("tune") is not None:
         config["tune"] = check_tune(config["tune"], config["methods"], "tune")
@@ -353,21 +398,92 @@ def check_prior(where: str, method: dict, num_chains: int = 1) -> dict:
     return prior
 
 
-def _check_grid_parameter(where: str, parameter: str, key: str, method: dict) -> None:
-    """A grid key fits the method it tunes: `prior.<argument>` needs a `prior:` mapping of a
-    kind with that argument, and `prior_std` a method without one."""
-    prior = method.get("prior")
-    if parameter.startswith(PRIOR_GRID_PREFIX):
-        argument = parameter[len(PRIOR_GRID_PREFIX):]
-        if prior is None:
+def _positive(where: str, value: Any, *, integer: bool = False, below: float | None = None,
+              at_most: float | None = None) -> None:
+    """A config error naming `where` unless `value` is a positive number (an int if `integer`),
+    less than `below` and at most `at_most` where given."""
+    kinds = int if integer else (int, float)
+    if (isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) or value <= 0
+            or (below is not None and value >= below) or (at_most is not None and value > at_most)):
+        bound = f" below {below!r}" if below is not None else (f" at most {at_most!r}" if at_most is not None else "")
+        allowed = "a positive integer" if integer else "a positive number"
+        raise ConfigError(f"`{where}` must be {allowed}{bound}, got {value!r}.")
+
+
+def check_schedules(where: str, method: dict, epochs: int) -> None:
+    """A sampler's `step_size_schedule:` and `temperature_schedule:` mappings (module doc): a
+    known `kind` with its arguments only, and values in range, so that a bad one, configured or
+    set by a grid, stops the runner before anything trains. `epochs`: the method's budget."""
+    for name, kinds in (("step_size_schedule", STEP_SIZE_SCHEDULE_KINDS),
+                        ("temperature_schedule", TEMPERATURE_SCHEDULE_KINDS)):
+        spec = method.get(name)
+        if spec is None:
+            continue
+        if "sampler" not in method:
+            raise ConfigError(f"`{where}.{name}` applies to samplers only; `{where}` is an optimizer.")
+        if not isinstance(spec, dict) or spec.get("kind") not in kinds:
+            got = spec.get("kind") if isinstance(spec, dict) else spec
+            raise ConfigError(f"`{where}.{name}` must be a mapping with `kind` one of {sorted(kinds)}, got {got!r}.")
+        _check_keys(f"{where}.{name}", spec, {"kind", *kinds[spec["kind"]]})
+        missing = [a for a in REQUIRED_SCHEDULE_ARGUMENTS.get(spec["kind"], ()) if a not in spec]
+        if missing:
+            raise ConfigError(f"`{where}.{name}` of kind {spec['kind']!r} needs {missing}.")
+    cyclical = method.get("step_size_schedule")
+    if cyclical is not None:
+        if ("cycles" in cyclical) == ("cycle_epochs" in cyclical):
             raise ConfigError(
-                f"`{where}` tunes the `prior:` mapping of method {key!r}, which has none (it uses "
-                "`prior_std`); give the method a `prior:` mapping or tune `prior_std`.")
-        allowed = PRIOR_KINDS[prior["kind"]][1]
+                f"`{where}.step_size_schedule` needs exactly one of `cycles` (cycles over the run) and "
+                f"`cycle_epochs` (epochs per cycle), got {cyclical!r}.")
+        if "cycles" in cyclical:
+            _positive(f"{where}.step_size_schedule.cycles", cyclical["cycles"], integer=True)
+        else:
+            _positive(f"{where}.step_size_schedule.cycle_epochs", cyclical["cycle_epochs"], at_most=epochs)
+        if "exploration_fraction" in cyclical:
+            _fraction(f"{where}.step_size_schedule.exploration_fraction", cyclical["exploration_fraction"],
+                      open_low=False, open_high=True)
+        step_size = method["options"].get("step_size")
+        if isinstance(step_size, bool) or not isinstance(step_size, (int, float)) or not step_size > 0:
+            raise ConfigError(
+                f"`{where}.step_size_schedule` starts every cycle at the sampler's `options.step_size`, which "
+                f"must be a positive number, got {step_size!r}.")
+    ramp = method.get("temperature_schedule")
+    if ramp is not None:
+        from keras_thermo.schedules import RAMP_INTERPOLATIONS  # noqa: PLC0415 (TensorFlow import is slow)
+
+        _positive(f"{where}.temperature_schedule.initial_temperature", ramp["initial_temperature"])
+        # The posterior average starts after the ramp, so the ramp must end within the budget.
+        _positive(f"{where}.temperature_schedule.ramp_epochs", ramp["ramp_epochs"], below=epochs)  # epochs: budget
+        if ramp.get("interpolation", "geometric") not in RAMP_INTERPOLATIONS:
+            raise ConfigError(
+                f"`{where}.temperature_schedule.interpolation` must be one of {list(RAMP_INTERPOLATIONS)}, "
+                f"got {ramp['interpolation']!r}.")
+        _positive(f"{where}.temperature", method.get("temperature", 1.0))  # where the ramp ends
+
+
+def _mapping_argument(name: str) -> tuple[str, str] | None:
+    """`(method key, argument)` of a grid key such as `prior.beta`; None for another name."""
+    head, dot, argument = name.partition(".")
+    return (head, argument) if dot and head in MAPPING_PARAMETERS else None
+
+
+def _check_grid_parameter(where: str, parameter: str, key: str, method: dict) -> None:
+    """A grid key fits the method it tunes: `prior.<argument>` (and `step_size_schedule.`,
+    `temperature_schedule.`) needs that mapping, of a kind with that argument, and
+    `prior_std` a method without a `prior:` mapping."""
+    prior = method.get("prior")
+    mapped = _mapping_argument(parameter)
+    if mapped is not None:
+        name, argument = mapped
+        spec = method.get(name)
+        if spec is None:
+            instead = (" (it uses `prior_std`); give the method a `prior:` mapping or tune `prior_std`"
+                       if name == "prior" else f"; give the method a `{name}:` mapping")
+            raise ConfigError(f"`{where}` tunes the `{name}:` mapping of method {key!r}, which has none{instead}.")
+        allowed = MAPPING_PARAMETERS[name][spec["kind"]]
         if argument not in allowed:
             raise ConfigError(
-                f"`{where}`: {argument!r} is not an argument of method {key!r}'s {prior['kind']!r} prior; "
-                f"allowed: {[PRIOR_GRID_PREFIX + a for a in allowed]}.")
+                f"`{where}`: {argument!r} is not an argument of method {key!r}'s {spec['kind']!r} "
+                f"{name.replace('_', ' ')}; allowed: {[f'{name}.{a}' for a in allowed]}.")
     elif parameter == "prior_std" and prior is not None:
         raise ConfigError(
             f"`{where}` tunes `prior_std` of method {key!r}, which has a `prior:` mapping; tune its "
@@ -479,7 +595,12 @@ def apply_quick(config: dict) -> dict:
         method.pop("epochs", None)  # and the quick budget
     for key, options in (quick.get("methods") or {}).items():
         if key in config["methods"]:
-            config["methods"][key]["options"] = _merge(config["methods"][key]["options"], options)
+            method = config["methods"][key]
+            for name in SCHEDULE_KEYS:  # a schedule's arguments (e.g. a shorter ramp), else options
+                if name in options:
+                    options = dict(options)
+                    method[name] = _merge(method.get(name) or {}, options.pop(name))
+            method["options"] = _merge(method["options"], options)
     if config.get("tune") is not None and quick.get("tune") is not None:
         config["tune"] = quick_tune(config["tune"], quick["tune"], config["methods"])
     return config
@@ -611,12 +732,14 @@ def build_net(config: dict, seed: int):
     return builder(**config["model"]["options"])
 
 
-def build_sampler(method: dict):
-    """`kt.samplers.get(name, **options)`, with a config error that names the method."""
+def build_sampler(method: dict, step_size=None):
+    """`kt.samplers.get(name, **options)`, with a config error that names the method;
+    `step_size` (a schedule) replaces `options.step_size` where given."""
     import keras_thermo as kt  # noqa: PLC0415
 
+    options = dict(method["options"]) if step_size is None else dict(method["options"], step_size=step_size)
     try:
-        return kt.samplers.get(method["sampler"], **method["options"])
+        return kt.samplers.get(method["sampler"], **options)
     except (TypeError, ValueError) as error:
         raise ConfigError(f"Method {method['label']!r}: cannot build sampler {method['sampler']!r}: {error}") from error
 
@@ -636,6 +759,49 @@ def build_prior(method: dict):
     except (TypeError, ValueError) as error:
         described = spec if spec is not None else {"prior_std": method.get("prior_std")}
         raise ConfigError(f"Method {method['label']!r}: cannot build the prior {described!r}: {error}") from error
+
+
+def build_step_size_schedule(method: dict, steps_per_epoch: int, epochs: int):
+    """The method's `step_size_schedule:` as a `kt.schedules.Cyclical` over its run of
+    `epochs * steps_per_epoch` steps, each cycle starting at `options.step_size`; None without
+    one. `cycles: M` gives cycles of ceil(K / M) steps for K steps in all (Zhang et al. 2020)."""
+    import keras_thermo as kt  # noqa: PLC0415
+
+    spec = method.get("step_size_schedule")
+    if spec is None:
+        return None
+    total = epochs * steps_per_epoch
+    if "cycles" in spec:
+        if spec["cycles"] > total:
+            raise ConfigError(f"Method {method['label']!r}: `step_size_schedule.cycles` {spec['cycles']!r} is more "
+                              f"than the run's {total} steps.")
+        length = math.ceil(total / spec["cycles"])
+    else:
+        length = max(1, round(spec["cycle_epochs"] * steps_per_epoch))
+    fraction = {"exploration_fraction": spec["exploration_fraction"]} if "exploration_fraction" in spec else {}
+    try:
+        return kt.schedules.Cyclical(float(method["options"]["step_size"]), length, **fraction)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"Method {method['label']!r}: cannot build the step-size schedule {spec!r} "
+                          f"({length} of the run's {total} steps per cycle): {error}") from error
+
+
+def build_temperature(method: dict, steps_per_epoch: int):
+    """The method's temperature: a `kt.schedules.TemperatureRamp` from `initial_temperature` to
+    the method's `temperature` over `ramp_epochs` (its `temperature_schedule:`), else that float."""
+    import keras_thermo as kt  # noqa: PLC0415
+
+    temperature = float(method.get("temperature", 1.0))
+    spec = method.get("temperature_schedule")
+    if spec is None:
+        return temperature
+    try:
+        return kt.schedules.TemperatureRamp(
+            float(spec["initial_temperature"]), temperature, max(1, round(spec["ramp_epochs"] * steps_per_epoch)),
+            spec.get("interpolation", "geometric"))
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"Method {method['label']!r}: cannot build the temperature schedule {spec!r}: {error}") \
+            from error
 
 
 def sampler_is_registered(name: str) -> bool:
@@ -814,14 +980,16 @@ def _point_estimate_callback(test, num_bins: int):
     return PointEstimateEvaluation()
 
 
-def _evaluation_schedule(config: dict, method: dict, steps_per_epoch: int, sampler) -> dict:
+def _evaluation_schedule(config: dict, method: dict, steps_per_epoch: int, sampler, earliest_burn_in: int = 0) -> dict:
+    """`earliest_burn_in`: no averaging before this step (the end of a temperature ramp; with
+    `auto`, the EquilibrationCheck keeps to it by itself)."""
     evaluation = _merge(config["evaluation"], method.get("evaluation") or {})
     if evaluation.get("burn_in_steps") == "auto" or evaluation.get("burn_in_epochs") == "auto":
         burn_in = "auto"  # from the EquilibrationCheck (run_method)
     elif "burn_in_steps" in evaluation:
-        burn_in = int(evaluation["burn_in_steps"])
+        burn_in = max(int(evaluation["burn_in_steps"]), earliest_burn_in)
     else:
-        burn_in = int(round(float(evaluation.get("burn_in_epochs", 0)) * steps_per_epoch))
+        burn_in = max(int(round(float(evaluation.get("burn_in_epochs", 0)) * steps_per_epoch)), earliest_burn_in)
     every = int(evaluation.get("every_n_steps", 1))
     period = getattr(sampler, "sample_every", None)
     if period:
@@ -961,14 +1129,17 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
     record: dict[str, Any] = {"method": key, "label": method["label"], "label_noise": label_noise,
                               "method_config": copy.deepcopy(method)}
     if "sampler" in method:
-        sampler = build_sampler(method)
-        schedule = _evaluation_schedule(config, method, task.train.steps_per_epoch, sampler)
+        steps_per_epoch = task.train.steps_per_epoch
+        sampler = build_sampler(method, build_step_size_schedule(method, steps_per_epoch, epochs))
+        temperature = build_temperature(method, steps_per_epoch)
+        ramp_end = temperature.constant_from_step() if not isinstance(temperature, float) else 0
+        schedule = _evaluation_schedule(config, method, steps_per_epoch, sampler, earliest_burn_in=ramp_end)
         num_bins = schedule["num_bins"]
         with scope():
             model = kt.BayesianModel(
                 net, sampler, num_examples=task.train.num_examples,
                 prior=build_prior(method),
-                temperature=float(method.get("temperature", 1.0)), seed=seed,
+                temperature=temperature, seed=seed,
                 num_chains=int(training["num_chains"]),
             )
             model.compile(loss=loss, steps_per_execution=int(training["steps_per_execution"]))
@@ -988,6 +1159,8 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
                                            weighting=schedule["weighting"])
             callbacks.insert(2, ood_average)
         record.update(kind="sampler", sampler=sampler.get_config() | {"name": sampler.name}, evaluation=schedule,
+                      temperature_schedule=(None if isinstance(temperature, float)
+                                            else {"name": type(temperature).__name__, **temperature.get_config()}),
                       num_chains=int(training["num_chains"]),
                       prior=None if model.prior is None else {"name": type(model.prior).__name__,
                                                                **model.prior.get_config()})
@@ -1064,21 +1237,24 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
 
 def apply_settings(method: dict, settings: dict) -> dict:
     """A copy of `method` with tuned values set: `prior_std`, `temperature` and `epochs` on the
-    method, `prior.<argument>` in its `prior:` mapping, anything else in its `options`."""
+    method, `prior.<argument>` in its `prior:` mapping (`step_size_schedule.<argument>`,
+    `temperature_schedule.<argument>` in those), anything else in its `options`."""
     method = copy.deepcopy(method)
     for name, value in settings.items():
         if name in METHOD_LEVEL_PARAMETERS or name == "epochs":
             method[name] = value
-        elif name.startswith(PRIOR_GRID_PREFIX):
-            method["prior"][name[len(PRIOR_GRID_PREFIX):]] = value
+        elif _mapping_argument(name) is not None:
+            mapping, argument = _mapping_argument(name)
+            method[mapping][argument] = value
         else:
             method["options"][name] = value
     return method
 
 
 def _configured_value(method: dict, name: str) -> Any:
-    if name.startswith(PRIOR_GRID_PREFIX):
-        return method["prior"].get(name[len(PRIOR_GRID_PREFIX):])
+    if _mapping_argument(name) is not None:
+        mapping, argument = _mapping_argument(name)
+        return method[mapping].get(argument)
     if name in METHOD_LEVEL_PARAMETERS:
         return method.get(name, 1.0 if name == "temperature" else None)
     return method["options"].get(name)
@@ -1482,6 +1658,10 @@ def _settings(run: dict) -> dict:
         else:
             settings["prior_std"] = method.get("prior_std")
         settings["temperature"] = method.get("temperature", 1.0)
+        for name in SCHEDULE_KEYS:
+            if method.get(name) is not None:
+                settings.update({name: method[name]["kind"]},
+                                **{f"{name}.{k}": v for k, v in method[name].items() if k != "kind"})
     if "epochs" in method:
         settings["epochs"] = method["epochs"]
     return settings
@@ -1602,6 +1782,12 @@ def run_config(
         for settings in grid_points(grid) if grid else [{}]:
             trial = apply_settings(method, settings)
             if "sampler" in trial:
+                try:
+                    check_schedules(f"methods.{key}", trial, int(trial.get("epochs", config["training"]["epochs"])))
+                except ConfigError as error:
+                    raise ConfigError(f"{str(error).rstrip('.')} (a setting of the tuning grid: {_describe(settings)})."
+                                      if settings
+                                      else str(error)) from error
                 build_sampler(trial)
                 build_prior(trial)
             else:

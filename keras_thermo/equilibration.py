@@ -186,7 +186,9 @@ class EquilibrationCheck(keras.callbacks.Callback):
 
     Give it to a `PosteriorAverage` or `SampleCollector` as `burn_in_steps=check` to start
     recording at the first block boundary where both temperatures of the whole net are in band
-    (`equilibrated_at_step`), or at `max_burn_in_steps` if that comes first.
+    (`equilibrated_at_step`), or at `max_burn_in_steps` if that comes first; never before a
+    temperature schedule's T settles (`TemperatureSchedule.constant_from_step`, the end of a
+    `TemperatureRamp`), since until then the chain does not sample the target posterior.
 
     Args:
         burn_in_steps: `"auto"` (MSER) or the number of steps to drop.
@@ -245,6 +247,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
         self._linked: list = []
         self._names: list[str] = []
         self._sizes = np.zeros(0)
+        self._earliest_recording_step = 0  # the end of the model's temperature ramp (attach)
         self._reset()
 
     def _reset(self) -> None:
@@ -267,6 +270,8 @@ class EquilibrationCheck(keras.callbacks.Callback):
         with model.distribute_strategy.scope():
             self.recorder = TemperatureRecorder(len(variables))
         self._step = int(model.sampler_step)
+        schedule = getattr(model, "temperature_schedule", None)
+        self._earliest_recording_step = int((schedule.constant_from_step() if schedule is not None else None) or 0)
         return self.recorder
 
     def link(self, callback) -> None:
@@ -344,6 +349,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
     def _start_linked(self, step: int, reason: str) -> None:
         if self.recording_started_at is not None:
             return
+        step = max(step, self._earliest_recording_step)
         self.recording_started_at, self.recording_started_by = step, reason
         for callback in self._linked:
             callback.start_recording_at(step)

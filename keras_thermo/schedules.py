@@ -139,6 +139,11 @@ class TemperatureSchedule:
     def get_config(self) -> dict:
         return {}
 
+    def constant_from_step(self) -> int | None:
+        """The first step from which T stays constant (the end of a ramp), or None when the
+        schedule does not say; `EquilibrationCheck` starts no recording before it."""
+        return None
+
     @classmethod
     def from_config(cls, config: dict) -> "TemperatureSchedule":
         return cls(**config)
@@ -161,7 +166,8 @@ class TemperatureRamp(TemperatureSchedule):
     With `u = min(t / ramp_steps, 1)`: `"geometric"` (default) is `T0 (T / T0)^u`, the same
     factor per step (the usual annealing ladder, e.g. from T0 = 10 to 1); `"linear"` is
     `T0 + (T - T0) u`. Steps from `ramp_steps` on sample `exp(-U / T)`; the ones before are
-    burn-in, so start recording callbacks (`burn_in_steps`) no earlier than `ramp_steps`.
+    burn-in, so start recording callbacks (`burn_in_steps`) no earlier than `ramp_steps` (an
+    `EquilibrationCheck` given as their burn-in starts them no earlier by itself).
 
     Args:
         initial_temperature: T0 > 0 at step 0.
@@ -173,6 +179,8 @@ class TemperatureRamp(TemperatureSchedule):
         >>> ramp = TemperatureRamp(initial_temperature=4.0, temperature=1.0, ramp_steps=2)
         >>> [float(ramp(t)) for t in range(4)]
         [4.0, 2.0, 1.0, 1.0]
+        >>> ramp.constant_from_step()  # no recording before this step
+        2
     """
 
     def __init__(
@@ -197,6 +205,9 @@ class TemperatureRamp(TemperatureSchedule):
         # The end point exactly, whatever the rounding of the power.
         value = tf.where(progress >= 1.0, tf.constant(end, tf.float64), value)
         return tf.cast(value, tf.float32)
+
+    def constant_from_step(self) -> int:
+        return self.ramp_steps
 
     def get_config(self) -> dict:
         return {

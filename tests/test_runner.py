@@ -244,6 +244,46 @@ def _tuned_config_text(tmp_path, extra: str) -> Path:
         ("methods: {hier: {sampler: sgnht, prior: {kind: hierarchical}}}\ntune: {grids: {hier: {prior.std: [1.0]}}}",
          r"`tune.grids.hier.prior.std`: 'std' is not an argument of method 'hier''s 'hierarchical' prior; "
          r"allowed: \['prior.alpha', 'prior.beta', 'prior.resample_every', 'prior.initial_std'\]"),
+        # A sampler's step-size and temperature schedules, and the grid keys that tune them.
+        ("methods: {adam: {step_size_schedule: {kind: cyclical, cycles: 4}}}",
+         r"`methods.adam.step_size_schedule` applies to samplers only"),
+        ("methods: {sgnht: {step_size_schedule: {kind: cosine}}}",
+         r"`methods.sgnht.step_size_schedule` must be a mapping with `kind` one of \['cyclical'\], got 'cosine'"),
+        ("methods: {sgnht: {step_size_schedule: {kind: cyclical, cycles: 4, period: 3}}}",
+         r"`methods.sgnht.step_size_schedule` has unknown keys \['period'\]"),
+        ("methods: {sgnht: {step_size_schedule: {kind: cyclical}}}",
+         r"`methods.sgnht.step_size_schedule` needs exactly one of `cycles` .* and `cycle_epochs`"),
+        ("methods: {sgnht: {step_size_schedule: {kind: cyclical, cycles: 4, cycle_epochs: 5}}}",
+         r"needs exactly one of `cycles`"),
+        ("methods: {sgnht: {step_size_schedule: {kind: cyclical, cycles: 0}}}",
+         r"`methods.sgnht.step_size_schedule.cycles` must be a positive integer, got 0"),
+        ("methods: {sgnht: {step_size_schedule: {kind: cyclical, cycles: 2.5}}}",
+         r"`methods.sgnht.step_size_schedule.cycles` must be a positive integer, got 2.5"),
+        ("methods: {sgnht: {step_size_schedule: {kind: cyclical, cycle_epochs: 40}}}",
+         r"`methods.sgnht.step_size_schedule.cycle_epochs` must be a positive number at most 30, got 40"),
+        ("methods: {sgnht: {step_size_schedule: {kind: cyclical, cycles: 4, exploration_fraction: 1.0}}}",
+         r"`methods.sgnht.step_size_schedule.exploration_fraction` must be a number in \[0, 1\), got 1.0"),
+        ("methods: {sgnht: {options: {step_size: null}, step_size_schedule: {kind: cyclical, cycles: 4}}}",
+         r"`methods.sgnht.step_size_schedule` starts every cycle at the sampler's `options.step_size`, which "
+         r"must be a positive number, got None"),
+        ("methods: {sgnht: {temperature_schedule: {kind: anneal}}}",
+         r"`methods.sgnht.temperature_schedule` must be a mapping with `kind` one of \['ramp'\], got 'anneal'"),
+        ("methods: {sgnht: {temperature_schedule: {kind: ramp, ramp_epochs: 5}}}",
+         r"`methods.sgnht.temperature_schedule` of kind 'ramp' needs \['initial_temperature'\]"),
+        ("methods: {sgnht: {temperature_schedule: {kind: ramp, initial_temperature: -1, ramp_epochs: 5}}}",
+         r"`methods.sgnht.temperature_schedule.initial_temperature` must be a positive number, got -1"),
+        ("methods: {sgnht: {temperature_schedule: {kind: ramp, initial_temperature: 1.0, ramp_epochs: 30}}}",
+         r"`methods.sgnht.temperature_schedule.ramp_epochs` must be a positive number below 30, got 30"),
+        ("methods: {sgnht: {temperature_schedule: {kind: ramp, initial_temperature: 1.0, ramp_epochs: 5, "
+         "interpolation: cubic}}}",
+         r"`methods.sgnht.temperature_schedule.interpolation` must be one of \['geometric', 'linear'\], got 'cubic'"),
+        ("tune: {grids: {sgnht: {step_size_schedule.cycles: [2, 4]}}}",
+         r"`tune.grids.sgnht.step_size_schedule.cycles` tunes the `step_size_schedule:` mapping of method 'sgnht', "
+         r"which has none; give the method a `step_size_schedule:` mapping"),
+        ("methods: {sgnht: {step_size_schedule: {kind: cyclical, cycles: 4}}}\n"
+         "tune: {grids: {sgnht: {step_size_schedule.initial_step_size: [0.1]}}}",
+         r"'initial_step_size' is not an argument of method 'sgnht''s 'cyclical' step size schedule; allowed: "
+         r"\['step_size_schedule.cycles', 'step_size_schedule.cycle_epochs', 'step_size_schedule.exploration_fraction'\]"),
     ],
 )
 def test_tune_and_ood_bad_input_names_the_key(tmp_path, extra, match):
@@ -293,6 +333,77 @@ def test_prior_values_are_checked_before_training(tmp_path):
     with pytest.raises(run.ConfigError, match=r"Method 'H': cannot build the prior .*`resample_every`"):
         run.run_config(run.load_config(path), tmp_path / "out", methods="hier", verbose=0, log=lambda *_: None)
     assert not (tmp_path / "out").exists()
+
+
+def test_schedule_values_are_checked_before_training(tmp_path):
+    method = {"label": "C", "sampler": "sgnht", "options": {"step_size": 0.02},
+              "step_size_schedule": {"kind": "cyclical", "cycles": 4, "exploration_fraction": 0.5}}
+    schedule = run.build_step_size_schedule(method, steps_per_epoch=21, epochs=30)
+    assert schedule.get_config() == {"initial_step_size": 0.02, "cycle_length": 158, "exploration_fraction": 0.5}
+    by_epochs = dict(method, step_size_schedule={"kind": "cyclical", "cycle_epochs": 7.5})
+    assert run.build_step_size_schedule(by_epochs, 21, 30).cycle_length == 158  # round(7.5 x 21)
+    with pytest.raises(run.ConfigError, match=r"Method 'C': `step_size_schedule.cycles` 700 is more than the "
+                                              r"run's 630 steps"):
+        run.build_step_size_schedule(dict(method, step_size_schedule={"kind": "cyclical", "cycles": 700}), 21, 30)
+    short = dict(method, step_size_schedule={"kind": "cyclical", "cycle_epochs": 0.1, "exploration_fraction": 0.8})
+    with pytest.raises(run.ConfigError, match=r"Method 'C': cannot build the step-size schedule .*\(2 of the run's "
+                                              r"630 steps per cycle\): .*leaves no step of a cycle to sample"):
+        run.build_step_size_schedule(short, 21, 30)
+    ramp = run.build_temperature(dict(method, temperature=0.1, temperature_schedule={
+        "kind": "ramp", "initial_temperature": 1.0, "ramp_epochs": 10}), steps_per_epoch=21)
+    assert ramp.get_config() == {"initial_temperature": 1.0, "temperature": 0.1, "ramp_steps": 210,
+                                 "interpolation": "geometric"}
+    assert run.build_temperature({"temperature": 0.3}, 21) == 0.3
+    # A bad value in a grid stops the run before anything trains or any data is read.
+    path = _tuned_config_text(tmp_path, (
+        "methods: {sgnht: {step_size_schedule: {kind: cyclical, cycles: 4}}}\n"
+        "tune: {grids: {sgnht: {step_size_schedule.exploration_fraction: [0.5, 1.5]}}}\n"
+    ))
+    with pytest.raises(run.ConfigError, match=r"`methods.sgnht.step_size_schedule.exploration_fraction` must be a "
+                                              r"number in \[0, 1\), got 1.5 \(a setting of the tuning grid: "
+                                              r".*step_size_schedule.exploration_fraction=1.5\)"):
+        run.run_config(run.load_config(path), tmp_path / "out", methods="sgnht", verbose=0, log=lambda *_: None)
+    assert not (tmp_path / "out").exists()
+
+
+def test_schedules_reach_the_sampler_and_the_model_and_set_what_is_averaged(monkeypatch, tmp_path):
+    from keras_thermo.posterior import PosteriorAverage
+
+    averaged = []  # the steps of every sample the posterior averages took
+    real_consume = PosteriorAverage.consume
+
+    def consume(self, values, steps):
+        averaged.append(np.asarray(steps).tolist())
+        return real_consume(self, values, steps)
+
+    monkeypatch.setattr(PosteriorAverage, "consume", consume)
+    config = run.apply_quick(run.load_config(CONFIGS / "digits_tuned_schedules.yaml"))  # 2 epochs of 21 steps
+    assert config["methods"]["sgnht_ramp"]["temperature_schedule"]["ramp_epochs"] == 1  # quick's override
+    config["evaluation"] = dict(config["evaluation"], burn_in_epochs=0, every_n_steps=1)
+    task = run.load_task_data(config, 0.0, quick=True, mock_data=False, data_dir=None)
+
+    # Cyclical: 4 cycles over 42 steps, 11 steps each, the first ceil(0.5 x 11) = 6 exploring. A
+    # step counted from 0 is recorded as the count of steps completed, so step s (from 1) is
+    # averaged when (s - 1) mod 11 >= 6.
+    method = run.apply_settings(config["methods"]["sgnht_cyclical"], {"step_size_schedule.exploration_fraction": 0.5})
+    record = run.run_method("sgnht_cyclical", method, config, task, 0.0, tmp_path, 0)
+    assert record["status"] == "ok"
+    assert record["sampler"]["step_size"]["config"] == {
+        "initial_step_size": 0.02, "cycle_length": 11, "exploration_fraction": 0.5}
+    expected = [s for s in range(1, 43) if (s - 1) % 11 >= 6]
+    assert sum(averaged, []) == expected and record["metrics"]["num_samples"] == len(expected) == 18
+
+    # Ramp: 1 epoch (21 steps) from T = 1 to 0.1; a fixed burn-in of 0 is raised to its end.
+    averaged.clear()
+    task = run.load_task_data(config, 0.0, quick=True, mock_data=False, data_dir=None)
+    record = run.run_method("sgnht_ramp", config["methods"]["sgnht_ramp"], config, task, 0.0, tmp_path, 0)
+    assert record["status"] == "ok" and record["evaluation"]["burn_in_steps"] == 21
+    assert record["temperature_schedule"] == {"name": "TemperatureRamp", "initial_temperature": 1.0,
+                                              "temperature": 0.1, "ramp_steps": 21, "interpolation": "geometric"}
+    assert sum(averaged, []) == list(range(22, 43))
+    # The epoch logs carry T of each epoch's last step: T(20) = 1 x 0.1^(20/21) on the ramp, then
+    # 0.1 (float32 rounding).
+    assert record["history"]["temperature"] == pytest.approx([0.1 ** (20 / 21), 0.1], rel=1e-6)
 
 
 def test_axes_search_tunes_the_prior_arguments(monkeypatch, tmp_path):
