@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import time
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -103,9 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--calls", type=int, default=50, help="timed rounds (median)")
     args = parser.parse_args(argv)
     results = {"machine": step_cost.machine_info(), "batch": BATCH, "calls": args.calls, "cases": run(args.calls)}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    step_cost.write_json(args.out, results)
     return results
 
 

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import time
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -104,9 +102,7 @@ def main(argv=None) -> dict:
         "call_overhead_ms": 1e3 * empty,
         "median_ms": {name: 1e3 * (float(np.median(values)) - empty) for name, values in seconds.items()},
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(step_cost._json_safe(results), indent=1))
+    step_cost.write_json(args.out, results)
     for name, ms in results["median_ms"].items():
         print(f"{name}: {ms:.3f} ms")
     return results

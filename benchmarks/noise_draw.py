@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
 import os
 import time
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -232,9 +230,7 @@ def main(argv=None) -> dict:
         results["networks"][name] = time_network(step_cost.NETWORKS[name], args)
         keras.backend.clear_session()
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(step_cost._json_safe(results), indent=1))
+    step_cost.write_json(args.out, results)
     table = markdown(results)
     out.with_suffix(".md").write_text(table)
     print(table)

@@ -30,8 +30,6 @@ draw with each sine mixed with its cosine at correlation 0.001.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import numpy as np
 import scipy.stats
@@ -174,9 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
         results["draws"][method] = check(method, args.keys, args.count, args.bins, args.first_step)
         summary = results["draws"][method]["summary"]
         print(f"{method}: {summary}", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    step_cost.write_json(args.out, results)
     return results
 
 

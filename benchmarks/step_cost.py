@@ -742,6 +742,13 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def write_json(path, results: dict) -> None:
+    """Writes `results` as strict JSON to `path`, creating its folder (the benchmarks' one way)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_json_safe(results), indent=1))
+
+
 def _write(out: Path, json_name: str, results: dict, table_name: str, table: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / json_name).write_text(json.dumps(_json_safe(results), indent=1))

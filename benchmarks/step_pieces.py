@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import time
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -148,9 +146,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"{piece} {ms:.3g} ms" for piece, ms in entry["median_ms_per_step"].items()), flush=True)
         keras.backend.clear_session()
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1))
+    step_cost.write_json(args.out, results)
     return results
 
 
