@@ -9,7 +9,7 @@ initial weights and on the same random data. The four-chain models share each ba
 chain processes a whole batch, the work of a one-chain run (as with the default split batches on
 arrays, where each chain draws `batch_size` examples of its own). After two warm-up fits, `--repeats` repetitions time
 one `fit` of each in a rotated order; the ratio four chains / one chain is taken within each
-repetition and its median reported (the issue's CPU target: <= 4.4).
+repetition and its median reported (the CPU target: <= 4.4).
 
 Shared or split minibatches and R-hat. With `chain_minibatches="shared"` every chain sees the
 same minibatch at each step; their gradient noise is then correlated, which pulls the chains

@@ -42,10 +42,10 @@ each reports its peak resident set size (VmHWM, and `ru_maxrss`). Every process 
 fixed memory (TensorFlow, the data, the model), so the difference of the median peaks of a
 method and SGD is what the method adds at its peak: its compiled step and the tensors live in
 it (per-example factors or rows, the C step's Krylov basis). Reported next to the size of `G`,
-`n * Nd * 4` bytes, with the issue's target for mCCAdL (100 MiB on the MLPs and the CNN,
+`n * Nd * 4` bytes, with the target for mCCAdL (100 MiB on the MLPs and the CNN,
 150 MiB on the LSTM).
 
-The issue's targets are written next to the measured values, with met / not met: SGLD, SGHMC,
+The step-cost targets are written next to the measured values, with met / not met: SGLD, SGHMC,
 SGNHT (both integrators) and TACT-HMC within 1.3x SGD on the MLPs and 1.15x on the LSTM and the
 CNN; CCAdL (diag) within 2x (MLP, CNN) and 3x (LSTM); mCCAdL within 2.5x (MLP), 4x (LSTM) and
 3x (CNN); the C step at most 25% of the mCCAdL step. The vectorized comparison runs have none.
@@ -102,7 +102,7 @@ SAMPLER_METHODS = (
     "ccadl_diag" + VECTORIZED_SUFFIX, "mccadl" + VECTORIZED_SUFFIX,
 )
 METHODS = (SGD, *SAMPLER_METHODS)
-# The issue's targets, as the largest allowed ratio to SGD's step time.
+# The step-cost targets, as the largest allowed ratio to SGD's step time.
 CHEAP_SAMPLERS = ("sgld", "sghmc", "sgnht", "sgnht_symmetric", "tact_hmc")
 CHEAP_TARGET = {"mlp": 1.3, "lstm": 1.15, "cnn": 1.15}
 COVARIANCE_SAMPLERS = ("ccadl_diag", "mccadl")
@@ -594,7 +594,7 @@ def rule_costs(network: Network, model: kt.BayesianModel, *, jit_compile: bool, 
 
 
 def ratio_target(network: Network, method: str) -> float | None:
-    """The issue's largest allowed ratio to SGD for `method` on `network` (None: no target)."""
+    """The largest allowed ratio to SGD for `method` on `network` (None: no target)."""
     if method in CHEAP_SAMPLERS:
         return CHEAP_TARGET[network.kind]
     if method in COVARIANCE_SAMPLERS:
@@ -750,8 +750,7 @@ def write_json(path, results: dict) -> None:
 
 
 def _write(out: Path, json_name: str, results: dict, table_name: str, table: str) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / json_name).write_text(json.dumps(_json_safe(results), indent=1))
+    write_json(out / json_name, results)
     (out / table_name).write_text(table)
 
 
@@ -836,7 +835,7 @@ def measure_memory(args: argparse.Namespace, name: str) -> dict:
 
 
 def memory_target_row(name: str, memory: dict) -> dict:
-    """The issue's memory target (mCCAdL's extra peak over SGD) as a row of `results["targets"]`."""
+    """The memory target (mCCAdL's extra peak over SGD) as a row of `results["targets"]`."""
     measured, bound = memory["mccadl_minus_sgd_peak_mib"], memory["target_extra_mccadl_mib"]
     return {"network": name, "quantity": "mccadl - keras_sgd peak RSS (MiB)", "target": f"<= {bound}",
             "measured": measured, "met": None if measured is None else bool(measured <= bound)}

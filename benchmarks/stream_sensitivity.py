@@ -1,8 +1,8 @@
 """How often do the fixed-seed negative controls of the statistical tests reject, over noise streams?
 
-When the samplers' noise draw was switched to the fused Box-Muller draw
-(`benchmarks.noise_draw.box_muller_normal`), assertions of the statistical tests failed. Those
-that failed were negative controls (a wrong sampler the check must reject) and a resolution
+Under another noise stream, such as the fused Box-Muller draw
+(`benchmarks.noise_draw.box_muller_normal`), some fixed-seed assertions of the statistical tests
+change outcome: negative controls (a wrong sampler the check must reject) and a resolution
 bound, not the checks of correct samplers. A negative control with few chains has limited
 power: over noise streams it rejects with some probability below 1, and a new stream can make it
 pass. This measures that probability: it reruns the negative controls of

@@ -174,7 +174,8 @@ class EquilibrationCheck(keras.callbacks.Callback):
     T. A mean is in band when `|mean - T| <= max(z * standard error, rtol * T)`, the standard
     error from batch means over blocks of `block_steps` steps and z the normal quantile for
     `confidence` split (Bonferroni) over all the comparisons. The burn-in is the MSER
-    truncation of the overall block means (`burn_in_steps="auto"`) or a fixed count. For
+    truncation of the overall block means (`burn_in_steps="auto"`) or a fixed count; blocks
+    holding steps of a temperature ramp are always dropped. For
     samplers that temper theta (TACT-HMC) only the steps at T (on the plateau) count.
 
     Epoch logs gain `equilibrated` (1 in band, 0 out of band, NaN while fewer than
@@ -378,9 +379,12 @@ class EquilibrationCheck(keras.callbacks.Callback):
         return first, last, weights, np.concatenate([overall[:, :, None], per_variable], axis=2)
 
     def _burn_in_blocks(self, first: np.ndarray, weights: np.ndarray, sums: np.ndarray) -> int:
+        # Blocks holding any step of a temperature ramp (step s runs at T(s - 1)) never count:
+        # their temperatures were recorded at another T than the one they would be tested against.
+        ramp = int(np.searchsorted(first, self._earliest_recording_step, side="right"))
         if self.burn_in_steps != "auto":
-            return int(np.searchsorted(first, self.burn_in_steps + 1))
-        used = np.flatnonzero(weights > 0)
+            return max(ramp, int(np.searchsorted(first, self.burn_in_steps + 1)))
+        used = np.flatnonzero((weights > 0) & (np.arange(len(first)) >= ramp))
         if len(used) < 3:
             return 0
         means = sums[used, :, 0] / weights[used, None]

@@ -114,7 +114,7 @@ def configurational_temperature(params, force) -> tf.Tensor:
     summed in float64; each product is rounded to float32 first (an error of at most `2^-24`
     of `sum |theta_i F_i|`, far below one step's minibatch noise), which halves the cost of
     casting both factors (`python -m benchmarks.step_pieces`)."""
-    total = tf.add_n([tf.reduce_sum(tf.cast(theta * f, tf.float64)) for theta, f in zip(params, force)])
+    total = tf.add_n([tf.reduce_sum(tf.cast(theta * tf.cast(f, theta.dtype), tf.float64)) for theta, f in zip(params, force)])
     return tf.cast(-total / float(kt_samplers.base.num_scalars(params)), tf.float32)
 
 

@@ -241,3 +241,14 @@ def test_an_equilibration_check_starts_no_recording_before_the_ramp_ends(ramp):
     first_recorded = 7 if ramp else 2
     assert check.recording_started_at == (6 if ramp else 0)
     np.testing.assert_array_equal(collector.steps, np.arange(first_recorded, 11))
+
+
+def test_an_equilibration_check_tests_only_blocks_after_the_ramp():
+    # Blocks of 2 steps over 10 steps: (1-2), (3-4), (5-6) ran (partly) during the ramp of 6
+    # steps, whose temperatures would be compared with the final T; only (7-8) and (9-10) count.
+    # Without the ramp all five blocks count.
+    for temperature, kept in ((kt.schedules.TemperatureRamp(5.0, 1.0, ramp_steps=6), 2), (1.0, 5)):
+        model = _regression_model(temperature)
+        check = kt.callbacks.EquilibrationCheck(block_steps=2, burn_in_steps=0, warn=False)
+        model.fit(_regression_data(), steps_per_epoch=10, epochs=1, verbose=0, callbacks=[check])
+        assert check.report()["num_blocks"] == kept

@@ -1,6 +1,6 @@
 """Statistical correctness of SGLD, SGHMC and SGNHT on Bayesian linear regression, through fit.
 
-Each method is tested in the regime where it is exact (DESIGN section 8, issue 2), on minibatches
+Each method is tested in the regime where it is exact (DESIGN section 8), on minibatches
 drawn with replacement (white gradient noise, the papers' protocol), with chains started at the
 posterior mean (the check is of the stationary distribution, not of burn-in):
 

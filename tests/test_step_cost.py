@@ -101,7 +101,7 @@ def test_quick_mode_breakdown_and_targets(quick_run):
     for rule in rules:
         assert set(rule["ms"]) == {"blocks", "variances", "product", "gram"}
         assert all(ms >= 0 and math.isfinite(ms) for ms in rule["ms"].values())
-    # The vectorized comparison has no target; the engine runs have the issue's.
+    # The vectorized comparison has no target; the engine runs have theirs.
     quantities = [row["quantity"] for row in results["targets"]]
     assert "ccadl_diag / keras_sgd step time" in quantities
     assert not any("vectorized" in quantity for quantity in quantities)

@@ -240,11 +240,10 @@ def filter_action(
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """`f(matrix) block` by at most `steps` Lanczos steps per column, in float64.
 
-    Each column `b` gets an orthonormal basis `Q` of its Krylov space, built one product with
-    `matrix` at a time and orthogonalised against all previous vectors (classical Gram-Schmidt,
-    twice: orthonormal to rounding). Then `f(matrix) b ~ ||b|| Q f(Q^T matrix Q) e_1`, where
-    `Q^T matrix Q` is the Lanczos tridiagonal up to rounding, formed by two products at the end
-    and decomposed with `eigh` at a small static size.
+    Each column `b` gets a basis `Q` of its Krylov space from the three-term Lanczos recurrence,
+    one product with `matrix` per step and no reorthogonalisation (the module docstring says why
+    the bound holds without it). Then `f(matrix) b ~ ||b|| Q f(T) e_1`, with `T` the Lanczos
+    tridiagonal of the recurrence's coefficients, decomposed with `eigh` at a small static size.
 
     Compiled as a graph once per shape (eager callers do not run the loop op by op); inside a
     caller's `tf.function`, with or without XLA, it is inlined. A static `dim` gives static
