@@ -746,7 +746,7 @@ def write_json(path, results: dict) -> None:
     """Writes `results` as strict JSON to `path`, creating its folder (the benchmarks' one way)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_json_safe(results), indent=1))
+    path.write_text(json.dumps(_json_safe(results), indent=1, default=float))  # numpy scalars too
 
 
 def _write(out: Path, json_name: str, results: dict, table_name: str, table: str) -> None:

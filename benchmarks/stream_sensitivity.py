@@ -7,8 +7,10 @@ bound, not the checks of correct samplers. A negative control with few chains ha
 power: over noise streams it rejects with some probability below 1, and a new stream can make it
 pass. This measures that probability: it reruns the negative controls of
 tests/test_statistical_ccadl.py (CCAdL without beta at T = 2, mCCAdL without the mass at M = 4:
-3 chains x 600 steps, the thermostat check at alpha = 0.01) and of tests/test_statistical_sgld.py
-(SGLD with the 12x schedule: 8 chains x 1000 steps, the posterior check at alpha = 0.01) with
+`NEGATIVE_CHAINS[name] x NEGATIVE_STEPS`, the thermostat check at alpha = 0.01) and of
+tests/test_statistical_sgld.py (SGLD with the 12x schedule: `NEGATIVE_CHAINS_STEPS`, the
+posterior check at alpha = 0.01), at the sizes the tests use now (stream_sensitivity.json was
+run at 3 x 600 and 8 x 1000), with
 `run_chains(seed=s)` for seeds `1..--seeds` (seed 0, the tests' own, is reported apart: the tests
 were validated on it), under both draws, and reports the rejection rate of each (with its
 binomial standard error) and the statistics behind it.
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import sys
 import time
 from pathlib import Path
@@ -65,7 +66,8 @@ def ccadl_control(module, name: str, seed: int) -> dict:
     x, y = module._regression_problem()
     mean, _ = module._exact(config, x, y)
     result = testing.run_chains(
-        module._make_sampler(config, factor), x, y, num_chains=3, num_steps=600, batch_size=module.BATCH,
+        module._make_sampler(config, factor), x, y, num_chains=module.NEGATIVE_CHAINS[name],
+        num_steps=module.NEGATIVE_STEPS, batch_size=module.BATCH,
         burn_in_steps=200, every_n_steps=2, prior_std=module.PRIOR_STD, temperature=config.temperature,
         initial_params=mean.astype(np.float32), log_keys=("kinetic_temperature", "xi"), seed=seed,
     )
@@ -81,7 +83,8 @@ def sgld_control(module, seed: int) -> dict:
     x, y, mean, covariance = module._problem()
     schedule = module._schedule(1000, 12.0)
     result = testing.run_chains(
-        lambda: kt.samplers.SGLD(schedule), x, y, num_chains=8, num_steps=1000, batch_size=module.BATCH,
+        lambda: kt.samplers.SGLD(schedule), x, y, num_chains=module.NEGATIVE_CHAINS_STEPS[0],
+        num_steps=module.NEGATIVE_CHAINS_STEPS[1], batch_size=module.BATCH,
         burn_in_steps=100, every_n_steps=2, prior_std=module.PRIOR_STD, initial_params=mean.astype(np.float32),
         log_keys=(), seed=seed,
     )
@@ -95,17 +98,23 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/stream_sensitivity.json")
     parser.add_argument("--seeds", type=int, default=8, help="seeds 1..seeds (and the tests' own seed 0)")
+    parser.add_argument("--draws", nargs="+", choices=sorted(DRAWS), default=sorted(DRAWS),
+                        help="noise draws to compare (default: both)")
     args = parser.parse_args(argv)
     ccadl, sgld = _test_module("test_statistical_ccadl"), _test_module("test_statistical_sgld")
     controls = {name: (lambda seed, name=name: ccadl_control(ccadl, name, seed)) for name in sorted(ccadl.NEGATIVE)}
     controls["sgld-12x-schedule"] = lambda seed: sgld_control(sgld, seed)
     original = kt_random.normal_like
-    results = {"machine": step_cost.machine_info(), "settings": {"seeds": list(range(args.seeds + 1))},
+    sizes = {name: [chains, ccadl.NEGATIVE_STEPS] for name, chains in ccadl.NEGATIVE_CHAINS.items()}
+    sizes["sgld-12x-schedule"] = list(sgld.NEGATIVE_CHAINS_STEPS)
+    results = {"machine": step_cost.machine_info(),
+               "settings": {"seeds": list(range(args.seeds + 1)), "chains_x_steps": sizes},
                "controls": {}}
     try:
         for control, run in controls.items():
             results["controls"][control] = {}
-            for draw, normal_like in DRAWS.items():
+            for draw in args.draws:
+                normal_like = DRAWS[draw]
                 kt_random.normal_like = normal_like
                 runs = {}
                 for seed in range(args.seeds + 1):
@@ -121,9 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
                 }
     finally:
         kt_random.normal_like = original
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(step_cost._json_safe(results), indent=1, default=float))
+    step_cost.write_json(args.out, results)
     for control, draws in results["controls"].items():
         for draw, entry in draws.items():
             print(f"{control} {draw}: seed 0 rejected {entry['rejected_with_the_tests_seed_0']}, "
