@@ -37,6 +37,7 @@ from typing import Callable
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 import keras_thermo as kt
 from keras_thermo import data as kt_data
@@ -67,6 +68,15 @@ def linear_regression_data(
     w = weight_scale * rng.normal(size=num_features)
     y = x @ w + 0.5 * weight_scale + noise_std * rng.normal(size=num_examples)
     return x.astype(np.float32), y[:, None].astype(np.float32)
+
+
+def small_regression_dataset() -> tf.data.Dataset:
+    """64 examples of 3 standard-normal features and a noiseless linear target (fixed seed), as a
+    repeating dataset of batches of 8: the small stream the resume and schedule tests fit on."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 3)).astype("float32")
+    y = (x @ rng.normal(size=(3, 1))).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8)
 
 
 def linear_regression_posterior(x, y, *, prior_std: float, temperature: float = 1.0):

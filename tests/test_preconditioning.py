@@ -17,6 +17,7 @@ import scipy.linalg
 import tensorflow as tf
 
 import keras_thermo as kt
+from keras_thermo import testing
 from keras_thermo import random as kt_random
 from keras_thermo.samplers.base import StepContext
 from keras_thermo.samplers.preconditioning import Preconditioner, PreconditionerState
@@ -252,11 +253,7 @@ def _model(seed=3):
     return model
 
 
-def _data():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(64, 3)).astype("float32")
-    y = (x @ rng.normal(size=(3, 1))).astype("float32")
-    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8)
+_data = testing.small_regression_dataset
 
 
 # Slow (3 fits and a save): the default suite covers the frozen masses' resume in

@@ -10,6 +10,7 @@ import tensorflow as tf
 from scipy import stats
 
 import keras_thermo as kt
+from keras_thermo import testing
 
 NUM_DRAWS = 5_000
 # Bonferroni over the 2 moments x 2 variables of a check, familywise 1e-3.
@@ -107,11 +108,7 @@ def _model(prior, seed=3):
     return model
 
 
-def _data():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(64, 3)).astype("float32")
-    y = (x @ rng.normal(size=(3, 1))).astype("float32")
-    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8)
+_data = testing.small_regression_dataset
 
 
 def _precisions(model):

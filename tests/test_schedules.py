@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import keras_thermo as kt
+from keras_thermo import testing
 
 # float32 cosine of a float32 argument: a few ulps of 1, relative to h0.
 COSINE_ATOL = 1e-6
@@ -139,11 +140,7 @@ def _regression_model(temperature, seed=3):
     return model
 
 
-def _regression_data():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(64, 3)).astype("float32")
-    y = (x @ rng.normal(size=(3, 1))).astype("float32")
-    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8)
+_regression_data = testing.small_regression_dataset
 
 
 class _SetTemperature(keras.callbacks.Callback):
