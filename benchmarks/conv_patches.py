@@ -1,7 +1,7 @@
-"""Cost of a convolution's per-example kernel gradients: patches by slices against `extract_patches`.
+"""Cost of a convolution's per-example kernel gradients: per-offset products, patches by slices, `extract_patches`.
 
-The convolution rule (`keras_thermo.per_example.rules.conv`) forms each example's patches
-`P_i` (`[T, kh kw c_in]`) and contracts them with the output errors `Delta_i` (`[T, c_out]`).
+A convolution's per-example kernel gradient is `P_i^T Delta_i`, with `P_i` (`[T, kh kw c_in]`)
+example i's patches and `Delta_i` (`[T, c_out]`) its output errors.
 For the convolutions of the CIFAR-10 CNN of `benchmarks.step_cost` (batch 64) and a strided
 "same" and a dilated variant, this times, as warm `tf.function`s on random inputs, interleaved
 over `--calls` rounds (median ms per call):
@@ -9,9 +9,13 @@ over `--calls` rounds (median ms per call):
 * `extract_patches`: the patches by `tf.image.extract_patches` (what the rule used before);
 * `slices`: the patches by `kh kw` strided slices of the padded input (`conv.patches`, now);
 * `rows_extract_patches` / `rows_slices`: the patches then the explicit rows
-  (`blocks.explicit_gradients`), i.e. the whole `blocks` piece of the rule for one call.
+  (`blocks.explicit_gradients`, one batched product of the patches), what the rule's `blocks`
+  did for one call before;
+* `rows_per_offset`: `conv.kernel_rows`, one batched product `[c_in, T] x [T, c_out]` per kernel
+  offset of that offset's input slice, the patches never formed (the rule now).
 
-The two patch tensors are checked to be equal (they are copies of the same input values).
+The two patch tensors are checked to be equal (they are copies of the same input values), and
+the per-offset rows against the patches' rows to float32 rounding (`rows_max_relative_difference`).
 
     python -m benchmarks.conv_patches --out benchmarks/results/conv_patches.json [--calls 50]
 """
@@ -84,12 +88,17 @@ def run(calls: int) -> dict:
                 lambda x, d, layer=layer: kt_blocks.explicit_gradients(extracted_patches(layer, x), d)),
             "rows_slices": tf.function(
                 lambda x, d, layer=layer: kt_blocks.explicit_gradients(conv_rule.patches(layer, x), d)),
+            "rows_per_offset": tf.function(lambda x, d, layer=layer: conv_rule.kernel_rows(layer, (x,), d)),
         }
+        whole = functions["rows_slices"](x, delta).numpy()
+        difference = float(np.max(np.abs(functions["rows_per_offset"](x, delta).numpy() - whole)) / np.max(np.abs(whole)))
         ms = _timed(functions, (x, delta), calls)
         results[name] = {"layer": layer.get_config(), "input_shape": [BATCH, *shape], "positions": positions,
                          "patch_width": int(np.prod(layer.kernel_size)) * shape[-1], "patches_equal": equal,
                          "ms": ms, "slices_over_extract_patches": ms["slices"] / ms["extract_patches"],
-                         "rows_slices_over_rows_extract_patches": ms["rows_slices"] / ms["rows_extract_patches"]}
+                         "rows_slices_over_rows_extract_patches": ms["rows_slices"] / ms["rows_extract_patches"],
+                         "rows_per_offset_over_rows_slices": ms["rows_per_offset"] / ms["rows_slices"],
+                         "rows_max_relative_difference": difference}
         print(f"{name}: " + ", ".join(f"{k} {v:.3g} ms" for k, v in ms.items()) + f" (patches equal: {equal})",
               flush=True)
     return results

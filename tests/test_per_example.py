@@ -373,26 +373,30 @@ def test_convolution_patches_equal_the_extracted_patches():
 
 
 def test_convolution_rows_in_chunks_equal_the_whole():
-    """Patches formed one chunk of examples at a time (static and run-time batch size)."""
+    """The rule's per-offset products, one chunk of examples at a time (static and run-time batch
+    size), against one product of the whole patches."""
     _seed(3)
     layer = keras.layers.Conv2D(3, 3, strides=2, padding="same")
     layer.build((None, 9, 9, 2))
     rng = np.random.default_rng(4)
     x = tf.constant(rng.standard_normal((10, 9, 9, 2)).astype("float32"))
     delta = tf.constant(rng.standard_normal((10, 25, 3)).astype("float32"))
-    expand = lambda inputs: conv_rule.patches(layer, inputs[0])  # noqa: E731
+    contract = lambda inputs, deltas: conv_rule.kernel_rows(layer, inputs, deltas)  # noqa: E731
     whole = kt_blocks.explicit_gradients(conv_rule.patches(layer, x), delta).numpy()
+    per_offset = contract((x,), delta).numpy()
     original = kt_blocks.CHUNK_ENTRIES
     kt_blocks.CHUNK_ENTRIES = 3 * 25 * (18 + 3)  # three examples' patches and errors per chunk
     try:
-        chunked = kt_blocks.explicit_gradients((x,), delta, expand=expand, input_width=18).numpy()
+        chunked = kt_blocks.explicit_gradients((x,), delta, contract=contract, input_width=18).numpy()
         spec = [tf.TensorSpec([None, 9, 9, 2]), tf.TensorSpec([None, 25, 3])]
-        mapped = tf.function(lambda x, delta: kt_blocks.explicit_gradients((x,), delta, expand=expand, input_width=18),
+        mapped = tf.function(lambda x, delta: kt_blocks.explicit_gradients((x,), delta, contract=contract, input_width=18),
                              input_signature=spec)(x, delta).numpy()
     finally:
         kt_blocks.CHUNK_ENTRIES = original
-    np.testing.assert_array_equal(chunked, whole)
-    np.testing.assert_array_equal(mapped, whole)
+    np.testing.assert_array_equal(chunked, per_offset)
+    np.testing.assert_array_equal(mapped, per_offset)
+    # Sums of the same 25 position terms in another grouping: float32 rounding of the largest row.
+    np.testing.assert_allclose(per_offset, whole, rtol=0, atol=25 * 2**-23 * np.abs(whole).max())
 
 
 def test_variables_in_another_order_than_the_layers_are_placed_by_variable():

@@ -169,29 +169,32 @@ class ExplicitBlock(ColumnBlock):
         return block
 
 
-def explicit_gradients(inputs: Any, deltas: tf.Tensor, expand: Callable[[Any], tf.Tensor] | None = None,
+def explicit_gradients(inputs: Any, deltas: tf.Tensor,
+                       contract: Callable[[Any, tf.Tensor], tf.Tensor] | None = None,
                        input_width: int | None = None) -> tf.Tensor:
     """`[n, d * p]`: example i's `A_i^T Delta_i` (`einsum('ntd,ntp->ndp')`), flattened row-major.
 
     Formed in chunks of examples when `n d p` (or the factors) would exceed `CHUNK_ENTRIES`.
 
     Args:
-        inputs: `A`, `[n, T, d]`; with `expand`, any nest of tensors whose leading axis is the
+        inputs: `A`, `[n, T, d]`; with `contract`, any nest of tensors whose leading axis is the
             examples (a convolution's inputs).
         deltas: `Delta`, `[n, T, p]`.
-        expand: maps the first `m` examples of `inputs` (the same nest, sliced) to their
-            `[m, T, d]` factor, so that a factor much larger than `inputs` (convolution patches)
-            is only ever formed one chunk at a time.
-        input_width: `d`, required with `expand`.
+        contract: maps the first `m` examples of `inputs` (the same nest, sliced) and of
+            `deltas` to their `[m, d * p]` rows, so that a factor much larger than `inputs`
+            (convolution patches) is never formed for more than one chunk, or not at all.
+        input_width: `d`, required with `contract`.
     """
-    if expand is None:
-        expand, input_width = (lambda a: a), int(inputs.shape[2])
+    if contract is None:
+        input_width = int(inputs.shape[2])
     n, positions = deltas.shape[0], deltas.shape[1]
     d, p = int(input_width), int(deltas.shape[2])
 
     def one(a, delta):
+        if contract is not None:
+            return contract(a, delta)
         # Contract over positions as one batched matmul: [m, d, T] x [m, T, p].
-        return tf.reshape(tf.matmul(expand(a), delta, transpose_a=True), [-1, d * p])
+        return tf.reshape(tf.matmul(a, delta, transpose_a=True), [-1, d * p])
 
     def examples(start, stop):
         return tf.nest.map_structure(lambda tensor: tensor[start:stop], inputs)

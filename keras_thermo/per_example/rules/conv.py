@@ -4,14 +4,15 @@
 positions (strides, dilation and `valid`/`same`/`causal` padding as the layer uses them), in the
 order `(row, column, channel)`, the row-major order of the kernel `[kh, kw, c_in, c_out]`;
 `Delta_i` (`[T, c_out]`) is the gradient at the pre-activation. `T^2 (d + p)` far exceeds `d p`
-for convolutions, so the rows are formed explicitly (`einsum('ntd,ntp->ndp')`), in chunks of
-examples when the patches would be large (patches and rows of one chunk at a time).
+for convolutions, so the rows are formed explicitly, in chunks of examples when they would be
+large.
 
-The patches are `kh kw` slices of the padded input, one per kernel offset (through a reshape
-that splits each axis by its stride, so that strided offsets are contiguous slices too),
-stacked before the channels: copies of the input values, equal to `tf.image.extract_patches`
-and several times faster than it on 2 CPU cores for the CIFAR-10 CNN's first layer (three
-channels): `python -m benchmarks.conv_patches`.
+Each kernel offset meets one slice of the padded input (through a reshape that splits each
+axis by its stride, so that strided and dilated offsets are contiguous slices too), and
+`P_i^T Delta_i` is, offset by offset, that slice's `[c_in, T] x [T, c_out]` product
+(`kernel_rows`): the patches (`patches`, the slices side by side, equal to
+`tf.image.extract_patches`) are formed only for the rare layer kept in factor form.
+`python -m benchmarks.conv_patches` times the three ways on 2 CPU cores.
 
 Reference: Rochette, Manoel & Tramel (2019), "Efficient Per-Example Gradient Computations in
 Convolutional Neural Networks", arXiv:1912.06015.
@@ -26,7 +27,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import keras
 import tensorflow as tf
@@ -51,9 +52,9 @@ def _axis_window(size: Any, kernel: int, stride: int, dilation: int, padding: st
     return total // 2, total - total // 2, outputs
 
 
-def patches(layer, inputs: tf.Tensor) -> tf.Tensor:
-    """`[n, T, kh kw c_in]`: the input patches of every output position of a channels-last
-    `Conv1D`/`Conv2D` layer."""
+def offset_inputs(layer, inputs: tf.Tensor) -> tuple[list[tf.Tensor], Any]:
+    """`(slices, T)`: per kernel offset, in the kernel's row-major order, the `[n, T, c_in]` inputs
+    that offset meets at the `T` output positions of a channels-last `Conv1D`/`Conv2D` layer."""
     batch = static_or_dynamic(inputs, 0)
     sizes = [static_or_dynamic(inputs, 1 + axis) for axis in range(layer.rank)]
     windows = [
@@ -85,11 +86,34 @@ def patches(layer, inputs: tf.Tensor) -> tf.Tensor:
     else:
         pieces = [split[:, rows, row_phase, columns, column_phase]
                   for rows, row_phase in offsets(0) for columns, column_phase in offsets(1)]
-    stacked = tf.stack(pieces, axis=-2)  # [n, *outputs, kh kw, c_in]
     count = 1
     for _, _, outputs in windows:
         count *= outputs
-    return tf.reshape(stacked, [batch, count, len(pieces) * channels])
+    return [tf.reshape(piece, [batch, count, channels]) for piece in pieces], count
+
+
+def patches(layer, inputs: tf.Tensor) -> tf.Tensor:
+    """`[n, T, kh kw c_in]`: the input patches of every output position of a channels-last
+    `Conv1D`/`Conv2D` layer (the offsets' inputs side by side)."""
+    pieces, _ = offset_inputs(layer, inputs)
+    return tf.concat(pieces, axis=-1)
+
+
+def kernel_rows(layer, inputs: Sequence[tf.Tensor], deltas: tf.Tensor) -> tf.Tensor:
+    """`[n, kh kw c_in c_out]`: example i's kernel gradient `P_i^T Delta_i`, flattened row-major.
+
+    One batched product per kernel offset, `[n, c_in, T] x [n, T, c_out]`, of that offset's
+    inputs (concatenated over the calls `inputs`, as `deltas` `[n, T, c_out]` is): the patches
+    themselves are never formed, and the small products run about twice as fast as one product
+    of the patches on 2 CPU cores for the CIFAR-10 CNN's first layer
+    (`python -m benchmarks.conv_patches`).
+    """
+    per_call = [offset_inputs(layer, call_inputs)[0] for call_inputs in inputs]
+    rows = [
+        tf.matmul(tf.concat(list(offset), axis=1), deltas, transpose_a=True)  # [n, c_in, c_out]
+        for offset in zip(*per_call)
+    ]
+    return tf.reshape(tf.stack(rows, axis=1), [tf.shape(deltas)[0], -1])
 
 
 def static_or_dynamic(tensor: tf.Tensor, axis: int) -> Any:
@@ -128,13 +152,12 @@ class ConvolutionRule(engine.LayerRule):
         inputs = tuple(call["inputs"] for call in calls)
         deltas = tf.concat([positions_of(call["d_z"]) for call in calls], axis=1)
 
-        def all_patches(inputs):  # the calls' patches concatenated along the positions
-            return tf.concat([patches(layer, chunk) for chunk in inputs], axis=1)
-
         width = layer.kernel_size[0] * (layer.kernel_size[1] if layer.rank == 2 else 1) * int(inputs[0].shape[-1])
-        if uses_factor_form(deltas, width):
-            return [(variables, FactorBlock(all_patches(inputs), deltas, layer.use_bias))]
-        pieces = [explicit_gradients(inputs, deltas, expand=all_patches, input_width=width)]
+        if uses_factor_form(deltas, width):  # the calls' patches concatenated along the positions
+            all_patches = tf.concat([patches(layer, call_inputs) for call_inputs in inputs], axis=1)
+            return [(variables, FactorBlock(all_patches, deltas, layer.use_bias))]
+        contract = lambda chunk, chunk_deltas: kernel_rows(layer, chunk, chunk_deltas)  # noqa: E731
+        pieces = [explicit_gradients(inputs, deltas, contract=contract, input_width=width)]
         if layer.use_bias:
             pieces.append(tf.reduce_sum(deltas, axis=1))
         sizes = [int(v.shape.num_elements()) for v in variables]
