@@ -728,10 +728,69 @@ class BayesianModel(keras.Model):
         )
         potential = tf.cast(self.likelihood_weight, loss.dtype) * loss
         if self.prior is not None:
-            replicas = tf.distribute.get_strategy().num_replicas_in_sync
-            prior = tf.cast(self.prior(self.trainable_variables), loss.dtype)
-            potential += prior / replicas if replicas > 1 else prior
+            potential += self._prior_share(loss.dtype)
         return potential, loss, y_pred
+
+    def _prior_share(self, dtype) -> tf.Tensor:
+        """The prior term R of U, divided by the replicas under a strategy (see compute_potential)."""
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        prior = tf.cast(self.prior(self.trainable_variables), dtype)
+        return prior / replicas if replicas > 1 else prior
+
+    def _shares_backward_pass(self, recording, cross) -> bool:
+        """Whether the force's loss term comes from the engine's backward pass (the sum of the
+        rows of G), leaving the train step's own tape only the prior and the layers' losses.
+        Needs Keras' own `compute_loss` (compiled loss plus `self.losses`, nothing else) on one
+        replica."""
+        return (
+            recording is not None
+            and cross.num_replicas == 1
+            and getattr(self, "_compile_loss", None) is not None
+            and type(self).compute_loss is keras.Model.compute_loss
+        )
+
+    def _force_and_statistics(self, x, y, sample_weight, cross, recording):
+        """`(F, U, L, y_pred, per-example statistics or None)` of one batch (this replica's
+        share of F and U).
+
+        With the engine (`recording`), one backward pass gives both the per-example statistics
+        and the gradient of the compiled loss: `grad (N L_data) = (N / n) sum_i g_i`, the rows
+        of G summed; the train step's tape then differentiates only `N * sum(self.losses) + R`,
+        which involves the network only through activity regularizers. Otherwise the tape
+        differentiates U itself and the statistics, if needed, come after.
+        """
+        variables = self.trainable_variables
+        shared = self._shares_backward_pass(recording, cross)
+        with tf.GradientTape() as tape:
+            with recording if recording is not None else contextlib.nullcontext():
+                potential, loss, y_pred = self.compute_potential(x, y, sample_weight)
+            if shared:  # U less its data term
+                rest = [tf.reduce_sum(tf.cast(extra, loss.dtype)) for extra in self.losses]  # as Keras sums them
+                rest = tf.cast(self.likelihood_weight, loss.dtype) * tf.add_n(rest) if rest else None
+                if self.prior is not None:
+                    rest = self._prior_share(loss.dtype) if rest is None else rest + self._prior_share(loss.dtype)
+        per_example = None
+        if shared:
+            per_example, sums = recording.statistics_and_gradients(
+                self.loss, y, y_pred, sample_weight, cross_replica=cross, loss_scale=self._example_loss_scale
+            )
+            count = tf.cast(tf.shape(tf.nest.flatten(y_pred)[0])[0], tf.float32)
+            data_scale = tf.cast(self.likelihood_weight, tf.float32) / count
+            rest_gradients = tape.gradient(rest, variables) if rest is not None else [None] * len(variables)
+            gradients = [
+                data_scale * tf.cast(g, tf.float32) + (tf.cast(r, tf.float32) if r is not None else 0.0)
+                for g, r in zip(sums, rest_gradients)
+            ]
+            gradients = [tf.cast(g, v.dtype) for g, v in zip(gradients, variables)]
+        else:
+            gradients = tape.gradient(potential, variables)
+            if self.sampler.needs_per_example_gradients:
+                per_example = self._per_example_gradients(x, y, sample_weight, cross, recording, y_pred)
+        force = [
+            -tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v)
+            for g, v in zip(gradients, variables)
+        ]
+        return force, potential, loss, y_pred, per_example
 
     def train_step(self, data):
         if self.num_chains > 1:
@@ -744,15 +803,10 @@ class BayesianModel(keras.Model):
         # The layer-rule engine records the potential's own forward pass (no second one).
         recording = None
         if self.sampler.needs_per_example_gradients and self.per_example_path in ("layers", "dense_layers"):
-            recording = kt_per_example.Recording(self.net)
-        with tf.GradientTape() as tape:
-            with recording if recording is not None else contextlib.nullcontext():
-                potential, loss, y_pred = self.compute_potential(x, y, sample_weight)
-        gradients = tape.gradient(potential, variables)
-        force = [
-            -tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v)
-            for g, v in zip(gradients, variables)
-        ]
+            recording = kt_per_example.Recording(self.net, variables)
+        force, potential, loss, y_pred, per_example = self._force_and_statistics(
+            x, y, sample_weight, cross, recording
+        )
         local_batch_size = tf.shape(tf.nest.flatten(x)[0])[0]
         self._loss_tracker.update_state(loss * cross.num_replicas, sample_weight=local_batch_size)
         force, potential, batch_size = cross.sum(
@@ -761,9 +815,6 @@ class BayesianModel(keras.Model):
         # Every update is computed from these, so a batch the replicas cannot split moves nothing.
         force, potential, batch_size = cross.check_even_split(batch_size, (force, potential, batch_size))
 
-        per_example = None
-        if self.sampler.needs_per_example_gradients:
-            per_example = self._per_example_gradients(x, y, sample_weight, cross, recording, y_pred)
         state = self.sampler_state()
         temperature = self._step_temperature(state.step, cross)
         context = kt_samplers.StepContext(

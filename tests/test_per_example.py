@@ -524,6 +524,44 @@ def _chain(kind, make_sampler, method, steps):
     return model, history
 
 
+class _OwnLoss(kt.BayesianModel):
+    """A model whose loss is not Keras' compiled loss plus `self.losses`."""
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        return 2.0 * super().compute_loss(x, y, y_pred, sample_weight, training)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "lstm", "cnn"])
+def test_the_force_from_the_engine_backward_pass_is_the_potential_gradient(kind):
+    """The covariance samplers take the loss term of F from the per-example backward pass (the
+    rows of G summed) and only the prior and the weight regularizers from the train step's tape:
+    F equals -grad U of `compute_potential`, with a kernel regularizer, a prior, sample weights
+    and `loss_weights`. The two differ only in the order of float32 sums over the batch
+    (16 examples, a few dozen terms each): 1e-5 of the largest entry is about 80 float32 ulps."""
+    net = _paper_like(kind)
+    net.layers[-1].kernel.regularizer = keras.regularizers.L2(0.1)  # a loss of the weights alone
+    rng = np.random.default_rng(3)
+    x = tf.constant(rng.standard_normal((16, *net.input_shape[1:])).astype("float32"))
+    y = tf.constant(rng.integers(0, 3, 16).astype("int32"))
+    weights = tf.constant(rng.uniform(0.5, 1.5, 16).astype("float32"))
+    for model_type, shared in [(kt.BayesianModel, True), (_OwnLoss, False)]:
+        model = model_type(net, CCAdL(1e-3), num_examples=500, prior=kt.priors.Gaussian(0.5), seed=SEED)
+        model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), loss_weights=[0.5])
+        cross = kt._distribute.CrossReplica()
+        recording = per_example.Recording(net, model.trainable_variables)
+        assert model._shares_backward_pass(recording, cross) is shared
+        force, potential, _, _, statistics = model._force_and_statistics(x, y, weights, cross, recording)
+        with tf.GradientTape() as tape:
+            expected_potential, _, _ = model.compute_potential(x, y, weights)
+        expected = tape.gradient(expected_potential, model.trainable_variables)
+        assert net.losses, "the regularizer adds a loss"
+        np.testing.assert_allclose(float(potential), float(expected_potential), rtol=1e-6)
+        assert statistics.diagonal_covariance().shape == [sum(int(np.prod(v.shape)) for v in net.trainable_variables)]
+        for f, g, v in zip(force, expected, model.trainable_variables):
+            scale = float(np.max(np.abs(g.numpy())))
+            np.testing.assert_allclose(-f.numpy(), g.numpy(), rtol=0, atol=1e-5 * scale, err_msg=v.path)
+
+
 SAMPLERS = {
     "ccadl_diag": lambda: CCAdL(1e-3), "ccadl_full": lambda: CCAdL(1e-3, covariance="full"),
     "mccadl_taylor": lambda: MCCAdL(1e-2, expm="taylor"), "mccadl_gram": lambda: MCCAdL(1e-2, expm="gram"),

@@ -267,8 +267,14 @@ class Recording:
     gradients under another tape, shares that forward pass with the per-example statistics.
     Afterwards `statistics(...)` (or `calls(...)`) runs the one backward pass they need.
 
+    The same backward pass can also give the gradient of the batch's summed loss with respect to
+    `variables` (`statistics_and_gradients`): a train step then needs no backward pass of its
+    own for the loss term.
+
     Args:
         net: a Keras model for which `incompatibility(net)` is None.
+        variables: variables (for example `net.trainable_variables`) whose gradients
+            `statistics_and_gradients` returns; the tape watches them from the start.
 
     Raises:
         ValueError: the engine does not apply to `net` (the reason).
@@ -283,7 +289,7 @@ class Recording:
         TensorShape([8])
     """
 
-    def __init__(self, net: keras.layers.Layer):
+    def __init__(self, net: keras.layers.Layer, variables: Sequence[Any] = ()):
         reason = incompatibility(net)
         if reason is not None:
             raise ValueError(f"layer_statistics: the per-example engine does not apply: {reason}.")
@@ -291,6 +297,7 @@ class Recording:
         self._layers, _ = hooked_layers(net)
         self._tape = tf.GradientTape(watch_accessed_variables=False)
         self._hooks = _Hooks(self._layers, self._tape)
+        self._variables = list(variables)
         self._used = False
 
     def __enter__(self) -> "Recording":
@@ -298,6 +305,8 @@ class Recording:
             raise RuntimeError("Recording: a recording records one forward pass; create another.")
         self._used = True
         self._tape.__enter__()
+        if self._variables:  # the backend's variables under Keras' (what the forward pass reads)
+            self._tape.watch([getattr(v, "value", v) for v in self._variables])
         self._hooks.__enter__()
         return self
 
@@ -313,6 +322,11 @@ class Recording:
         """Per hooked layer, its rule and its calls' recorded tensors (global batch; floating
         ones in float32; the gradient at a watched tensor under `d_<name>`). A hooked layer the
         forward pass never called has no calls. Arguments as for `layer_statistics`."""
+        return self._backward(loss_fn, y, y_pred, sample_weight, cross_replica, loss_scale, with_variables=False)[0]
+
+    def _backward(self, loss_fn, y, y_pred, sample_weight, cross_replica, loss_scale, with_variables):
+        """`(calls, variable gradients)`: the one backward pass (see `calls`), also to the
+        recording's `variables` when `with_variables` (else None)."""
         from keras_thermo._distribute import CrossReplica  # noqa: PLC0415 (tiny module)
 
         loss_fn = losses.resolve_loss(loss_fn, "layer_statistics")
@@ -330,12 +344,14 @@ class Recording:
         # per-example output gradients gives every example's Delta in one pass.
         seeds = losses.output_gradients(loss_fn, y, y_pred, sample_weight, loss_scale)
         watched = [(i, name) for i, (_, _, call) in enumerate(hooks.calls) for name in call.watched]
+        variables = self._variables if with_variables else []
         gradients = self._tape.gradient(
             tf.nest.flatten(y_pred),
-            [hooks.calls[i][2].watched[name] for i, name in watched],
+            [hooks.calls[i][2].watched[name] for i, name in watched] + variables,
             output_gradients=tf.nest.flatten(seeds),
             unconnected_gradients=tf.UnconnectedGradients.ZERO,
         )
+        variable_gradients = gradients[len(watched):] if with_variables else None
         records = [dict(call.saved) for _, _, call in hooks.calls]
         for (i, name), gradient in zip(watched, gradients):
             records[i]["d_" + name] = gradient
@@ -347,16 +363,42 @@ class Recording:
         calls_by_layer: dict[int, list] = {}
         for (layer, _, _), record in zip(hooks.calls, records):
             calls_by_layer.setdefault(id(layer), []).append(record)
-        return [(layer, rule, calls_by_layer.get(id(layer), [])) for layer, rule in self._layers]
+        calls = [(layer, rule, calls_by_layer.get(id(layer), [])) for layer, rule in self._layers]
+        return calls, variable_gradients
 
     def statistics(
         self, loss_fn: losses.LossLike, y: Any, y_pred: Any, sample_weight: Any = None, *,
         cross_replica: Any = None, loss_scale: float = 1.0,
     ) -> LayerStatistics:
         """The `LayerStatistics` of the recorded pass (arguments as for `layer_statistics`)."""
-        recorded = self.calls(
-            loss_fn, y, y_pred, sample_weight, cross_replica=cross_replica, loss_scale=loss_scale
+        recorded, _ = self._backward(loss_fn, y, y_pred, sample_weight, cross_replica, loss_scale, with_variables=False)
+        return self._statistics(recorded)
+
+    def statistics_and_gradients(
+        self, loss_fn: losses.LossLike, y: Any, y_pred: Any, sample_weight: Any = None, *,
+        cross_replica: Any = None, loss_scale: float = 1.0,
+    ) -> tuple[LayerStatistics, list[tf.Tensor]]:
+        """`statistics(...)` and, from the same backward pass, the gradients of
+        `sum_i loss_scale w_i l_i` over this replica's examples (the sum of its rows of `G`) with
+        respect to the recording's `variables` (zeros where a variable does not affect the
+        outputs). For a loss averaged over `n` examples, the loss's gradient is these over `n`.
+
+        Example:
+            >>> import keras, tensorflow as tf
+            >>> net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+            >>> x, y = tf.random.normal([5, 3]), tf.zeros([5, 2])
+            >>> with Recording(net, net.trainable_variables) as recording:
+            ...     y_pred = net(x, training=True)
+            >>> stats, sums = recording.statistics_and_gradients("mse", y, y_pred)
+            >>> [g.shape.as_list() for g in sums]
+            [[3, 2], [2]]
+        """
+        recorded, gradients = self._backward(
+            loss_fn, y, y_pred, sample_weight, cross_replica, loss_scale, with_variables=True
         )
+        return self._statistics(recorded), gradients
+
+    def _statistics(self, recorded) -> LayerStatistics:
         blocks, owner = [], {}
         for layer, rule, calls in recorded:
             if not calls:
