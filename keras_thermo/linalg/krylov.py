@@ -247,9 +247,7 @@ def filter_action(
 
     Compiled as a graph once per shape (eager callers do not run the loop op by op); inside a
     caller's `tf.function`, with or without XLA, it is inlined. A static `dim` gives static
-    shapes throughout (as XLA needs), and the recurrence then runs as one XLA computation
-    whatever the caller's compilation; an unknown one runs it as a graph loop and slices to the
-    steps taken.
+    shapes throughout (as XLA needs); an unknown one slices to the steps taken.
 
     Args:
         matrix: `[dim, dim]` float64, symmetric positive semi-definite.
@@ -336,14 +334,15 @@ def _lanczos_recurrence(matrix, start, steps, breakdown):
     return steps_taken, vectors, diagonal, off_diagonal
 
 
-# With static shapes the loop is one XLA computation: as a graph `tf.while_loop` its
-# per-iteration bookkeeping (loop frames, TensorArray writes, one executor dispatch per op)
-# costs several times the steps' own arithmetic at the sizes of the C step (`benchmarks.
-# gram_c_step`, EMNIST MLP, 128 x 128, 15 steps: `filter_action` 1.08 ms with the graph loop,
-# 0.54 ms compiled, on CPU). Only the recurrence is compiled: the tridiagonal's `eigh` stays in
-# the caller, where TensorFlow's LAPACK kernel is accurate to float64.
-@tf.function(jit_compile=True, autograph=False)
-def _compiled_lanczos_recurrence(matrix, start, steps, breakdown):
+# The recurrence runs as a graph `tf.while_loop`, not compiled with XLA. Compiled, its
+# per-iteration bookkeeping (loop frames, TensorArray writes, one executor dispatch per op) goes,
+# halving it (`benchmarks.gram_c_step`, EMNIST MLP, 128 x 128, 15 steps: 1.08 ms as a graph loop,
+# 0.54 ms compiled, on CPU), but the XLA compiler it loads raises the process's peak memory by
+# about 80 MiB (`python -m benchmarks.step_cost --networks emnist_mlp --memory`: mCCAdL 857 MiB
+# compiled, 778 MiB as a graph loop, SGD 720 MiB), more than the C step's whole budget of extra
+# memory on the paper networks. The tridiagonal's `eigh` stays in TensorFlow's LAPACK kernel.
+@tf.function(autograph=False)
+def _stacked_lanczos_recurrence(matrix, start, steps, breakdown):
     steps_taken, vectors, diagonal, off_diagonal = _lanczos_recurrence(
         matrix, start, steps, breakdown
     )
@@ -362,7 +361,7 @@ def _filter_by_lanczos(matrix, block, tau, steps, capacity):
     # residuals of ~sqrt(dim) u ||A||): stop the column rather than normalise rounding noise.
     breakdown = tf.cast(dim, tf.float64) * DOUBLE_TOLERANCE * spectral_bound(matrix)
     if static:
-        steps_taken, all_vectors, all_diagonal, all_off = _compiled_lanczos_recurrence(
+        steps_taken, all_vectors, all_diagonal, all_off = _stacked_lanczos_recurrence(
             matrix, start, steps, breakdown
         )
     else:
