@@ -15,6 +15,10 @@ every step; on small networks that draw is most of what they add to SGD. For eac
   - `kernel_fused`: one `stateless_normal` of Nd values, split per variable;
   - `box_muller_fused`: one Philox uniform draw, vectorised Box-Muller, split per variable
     (`box_muller_normal`; measured, not adopted: see `keras_thermo.random.normal_like`);
+  - `inverse_cdf_fused`: one Philox uniform draw on the open interval, `tf.math.ndtri` of each
+    (one normal per uniform), split per variable (measured, not adopted);
+  - `philox_uniforms_only`: the Philox uniforms of `kernel_fused` alone, not normals: a lower
+    bound on any exact draw built on these random bits;
   - `library_normal_like`: `keras_thermo.random.normal_like`, whatever the installed version
     does (the recorded noise_draw.json ran while it was `box_muller_fused`; now it is
     `kernel_per_variable`);
@@ -33,6 +37,7 @@ import argparse
 import gc
 import math
 import os
+import pathlib
 import time
 
 import keras
@@ -42,7 +47,8 @@ import tensorflow as tf
 from benchmarks import step_cost
 from keras_thermo import random as kt_random
 
-DRAW_METHODS = ("kernel_per_variable", "kernel_fused", "box_muller_fused", "library_normal_like")
+DRAW_METHODS = ("kernel_per_variable", "kernel_fused", "box_muller_fused", "inverse_cdf_fused",
+                "philox_uniforms_only", "library_normal_like")
 SAMPLERS = ("sgld", "sghmc", "sgnht")
 
 
@@ -100,12 +106,31 @@ def box_muller_fused(key: tf.Tensor, variables) -> list[tf.Tensor]:
     return [tf.reshape(piece, variable.shape) for piece, variable in zip(tf.split(flat, sizes), variables)]
 
 
+def _split_like(flat: tf.Tensor, variables) -> list[tf.Tensor]:
+    sizes = [variable.shape.num_elements() for variable in variables]
+    return [tf.reshape(piece, variable.shape) for piece, variable in zip(tf.split(flat, sizes), variables)]
+
+
+def inverse_cdf_fused(key: tf.Tensor, variables) -> list[tf.Tensor]:
+    """`ndtri(u)` of one uniform per value, `u` moved off 0 by half its resolution (`2^-24`)."""
+    count = sum(variable.shape.num_elements() for variable in variables)
+    uniform = tf.random.stateless_uniform([count], seed=key)
+    return _split_like(tf.math.ndtri(uniform * (1.0 - 2.0**-24) + 2.0**-25), variables)
+
+
+def philox_uniforms_only(key: tf.Tensor, variables) -> list[tf.Tensor]:
+    """The uniforms alone (not normals): what the random bits cost."""
+    count = sum(variable.shape.num_elements() for variable in variables)
+    return _split_like(tf.random.stateless_uniform([count], seed=key), variables)
+
+
 def library_normal_like(key: tf.Tensor, variables) -> list[tf.Tensor]:
     return kt_random.normal_like(key, variables)
 
 
 DRAWS = {"kernel_per_variable": kernel_per_variable, "kernel_fused": kernel_fused,
-         "box_muller_fused": box_muller_fused, "library_normal_like": library_normal_like}
+         "box_muller_fused": box_muller_fused, "inverse_cdf_fused": inverse_cdf_fused,
+         "philox_uniforms_only": philox_uniforms_only, "library_normal_like": library_normal_like}
 
 
 def draw_loop(method, variables, count: int, jit_compile: bool):
@@ -232,7 +257,7 @@ def main(argv=None) -> dict:
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
     step_cost.write_json(args.out, results)
     table = markdown(results)
-    out.with_suffix(".md").write_text(table)
+    pathlib.Path(args.out).with_suffix(".md").write_text(table)
     print(table)
     return results
 
