@@ -764,11 +764,12 @@ class BayesianModel(keras.Model):
         with tf.GradientTape() as tape:
             with recording if recording is not None else contextlib.nullcontext():
                 potential, loss, y_pred = self.compute_potential(x, y, sample_weight)
-            if shared:  # U less its data term
-                rest = [tf.reduce_sum(tf.cast(extra, loss.dtype)) for extra in self.losses]  # as Keras sums them
-                rest = tf.cast(self.likelihood_weight, loss.dtype) * tf.add_n(rest) if rest else None
+            if shared:  # U less its data term: N times the layers' own losses (summed as Keras does), and R
+                terms = [tf.cast(self.likelihood_weight, loss.dtype) * tf.reduce_sum(tf.cast(extra, loss.dtype))
+                         for extra in self.losses]
                 if self.prior is not None:
-                    rest = self._prior_share(loss.dtype) if rest is None else rest + self._prior_share(loss.dtype)
+                    terms.append(self._prior_share(loss.dtype))
+                rest = tf.add_n(terms) if terms else None
         per_example = None
         if shared:
             per_example, sums = recording.statistics_and_gradients(
