@@ -34,6 +34,21 @@ def symmetrized(square: tf.Tensor) -> tf.Tensor:
     return 0.5 * (square + tf.transpose(square))
 
 
+def row_gram(matrix: tf.Tensor) -> tf.Tensor:
+    """`X X^T` of an `[n, D]` matrix (as computed: symmetric up to rounding).
+
+    An einsum rather than `tf.matmul(X, X, transpose_b=True)`: for wide per-example rows (n in
+    the tens to hundreds, D in the thousands to ~10^5) TensorFlow's CPU einsum kernel splits the
+    long contraction across threads and ran 1.4-2.2x faster on 2 cores (`benchmarks.row_gram`:
+    the LSTM's recurrent-kernel rows, `[64, 65536]`, 6.6 -> 3.1 ms).
+
+    Example:
+        >>> row_gram(tf.constant([[1.0, 2.0], [0.0, 3.0]])).numpy().tolist()
+        [[5.0, 6.0], [6.0, 9.0]]
+    """
+    return tf.einsum("nd,md->nm", matrix, matrix)
+
+
 def dimension(tensor: tf.Tensor, axis: int) -> Any:
     """The size of `axis`: a Python int where static, a scalar int32 tensor otherwise."""
     static = tensor.shape[axis]
@@ -155,7 +170,7 @@ class MatrixRows(CenteredRows):
         return tf.matmul(self.matrix, block, transpose_a=True)
 
     def gram(self) -> tf.Tensor:
-        return symmetrized(tf.matmul(self.matrix, self.matrix, transpose_b=True))
+        return symmetrized(row_gram(self.matrix))
 
     def frobenius_squared(self) -> tf.Tensor:
         return tf.reduce_sum(tf.square(self.matrix))

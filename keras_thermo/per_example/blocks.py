@@ -41,6 +41,8 @@ from typing import Any, Callable, Hashable, Sequence
 
 import tensorflow as tf
 
+from keras_thermo.linalg.operators import row_gram
+
 #: Largest explicit per-example tensor formed at once, in float32 entries (chunks beyond: 64 MiB).
 CHUNK_ENTRIES = 16 * 2**20
 #: Gram matrices of explicit rows stream `[n, D]` from memory until `n` exceeds this (flops per
@@ -144,7 +146,7 @@ class ExplicitBlock(ColumnBlock):
         return tf.matmul(self._rows, block, transpose_a=True)
 
     def gram(self):
-        return tf.matmul(self._rows, self._rows, transpose_b=True)
+        return row_gram(self._rows)
 
     def centered_column_squares(self):
         return tf.reduce_sum(tf.square(centered_over_rows(self._rows)), axis=0)  # two-pass
@@ -478,8 +480,7 @@ class SparseRowsBlock(ColumnBlock):
         return tf.reshape(self._scatter(present), [num_ids * width, -1])
 
     def gram(self):
-        flat = self._flat()
-        return tf.matmul(flat, flat, transpose_b=True)
+        return row_gram(self._flat())
 
     def centered_column_squares(self):
         squares = tf.reduce_sum(tf.square(centered_over_rows(self._rows)), axis=0)  # [U, p]
