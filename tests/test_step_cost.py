@@ -154,3 +154,20 @@ def test_methods_subset_keeps_sgd():
         step_cost.parse_args(["--methods", "keras_sgd"])
     with pytest.raises(ValueError, match="--memory-repeats"):
         step_cost.parse_args(["--memory-repeats", "0"])
+
+
+@pytest.mark.slow  # builds and times 11 models of the digits MLP, ~1 min on 2 cores
+def test_step_ablation_leaves_pieces_out_and_restores_the_library(tmp_path):
+    from benchmarks import step_ablation
+    from keras_thermo import random as kt_random
+    from keras_thermo.samplers import mccadl as kt_mccadl
+
+    originals = (kt_random.normal_like, kt_mccadl.covariance_step)
+    results = step_ablation.main(["--out", str(tmp_path), "--networks", "digits_mlp", "--repeats", "1"])
+    assert (kt_random.normal_like, kt_mccadl.covariance_step) == originals
+    network = results["networks"]["digits_mlp"]
+    assert set(network["pieces"]) == set(step_ablation.METHODS)
+    for name, ms in network["median_ms_per_step"].items():
+        assert ms is not None and ms > 0, name
+    assert set(network["pieces"]["mccadl"]) >= {"cost_of_noise_ms", "cost_of_c_step_ms", "c_step_fraction_of_step"}
+    assert (tmp_path / "table.md").read_text().count("| digits_mlp |") == len(step_ablation.METHODS)
