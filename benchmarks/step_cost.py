@@ -53,9 +53,12 @@ CNN; CCAdL (diag) within 2x (MLP, CNN) and 3x (LSTM); mCCAdL within 2.5x (MLP), 
     python -m benchmarks.step_cost --out runs/step_cost [--networks emnist_mlp cifar10_cnn]
         [--steps 100] [--repeats 5] [--steps-per-execution 50] [--jit-compile]
         [--per-example-method auto|layers|vectorized|dense_layers] [--note "CPU, 2 shared cores"]
-    python -m benchmarks.step_cost --memory --out runs/step_cost [--memory-repeats 2]
+    python -m benchmarks.step_cost --memory --out runs/step_cost [--memory-repeats 2] [--expm gram]
     python -m benchmarks.step_cost --with-memory --methods ccadl_diag mccadl --out runs/step_cost
     python -m benchmarks.step_cost --quick --out runs/step_cost_quick   # seconds; digits only
+
+`--expm` sets mCCAdL's C-step method (default `"auto"`, which on some nets keeps both methods in
+the traced step and chooses per step; `"gram"` or `"taylor"` trace one).
 
 Outputs in `--out`: `results.json` and `table.md` (timing, and memory with `--with-memory`), or
 `memory.json` and `memory.md` (`--memory`). `--methods` times a subset of the samplers (with SGD).
@@ -252,7 +255,8 @@ def initial_weights(network: Network, seed: int = 0) -> list[np.ndarray]:
 
 
 def make_model(network: Network, method: str, *, steps_per_execution: int, jit_compile: bool,
-               weights: list[np.ndarray], per_example_method: str | None = None) -> keras.Model:
+               weights: list[np.ndarray], per_example_method: str | None = None,
+               expm: str = "auto") -> keras.Model:
     """A compiled model for `method` (`"keras_sgd"` or a sampler) starting from `weights`.
 
     A method ending in `VECTORIZED_SUFFIX` runs its sampler with `per_example_method="vectorized"`
@@ -266,7 +270,7 @@ def make_model(network: Network, method: str, *, steps_per_execution: int, jit_c
         net.compile(optimizer=keras.optimizers.SGD(network.step_size**2 * network.num_examples),
                     loss=_loss(), steps_per_execution=steps_per_execution, jit_compile=jit_compile)
         return net
-    sampler = network.make_sampler(method)
+    sampler = network.make_sampler(method, expm=expm)
     extra = {}
     if per_example_method is not None and sampler.needs_per_example_gradients:
         extra["per_example_method"] = per_example_method
@@ -338,7 +342,7 @@ def _median(values) -> float | None:
 
 
 def time_methods(network: Network, methods, *, steps: int, repeats: int, steps_per_execution: int,
-                 jit_compile: bool, per_example_method: str | None) -> tuple[dict, dict]:
+                 jit_compile: bool, per_example_method: str | None, expm: str = "auto") -> tuple[dict, dict]:
     """Warm-up, then interleaved timed fits; returns (per-method results, the models)."""
     dataset = make_dataset(network)
     weights = initial_weights(network)
@@ -349,7 +353,7 @@ def time_methods(network: Network, methods, *, steps: int, repeats: int, steps_p
         try:
             models[method] = make_model(network, method, steps_per_execution=steps_per_execution,
                                         jit_compile=jit_compile, weights=weights,
-                                        per_example_method=per_example_method)
+                                        per_example_method=per_example_method, expm=expm)
         except Exception as error:  # noqa: BLE001 (recorded: one method failing must not end the run)
             results[method]["error"] = f"{type(error).__name__}: {error}"
     for method in list(models):
@@ -778,7 +782,7 @@ def memory_child(network_name: str, method: str, args: argparse.Namespace) -> No
     network = NETWORKS[network_name]
     model = make_model(network, method, steps_per_execution=args.steps_per_execution,
                        jit_compile=args.jit_compile, weights=initial_weights(network),
-                       per_example_method=args.per_example_method)
+                       per_example_method=args.per_example_method, expm=args.expm)
     dataset = make_dataset(network)
     timed_fit(model, dataset, args.steps_per_execution)
     run = timed_fit(model, dataset, args.steps)
@@ -795,6 +799,7 @@ def _child_command(network: str, method: str, args: argparse.Namespace) -> list[
         command.append("--jit-compile")
     if args.per_example_method is not None:
         command += ["--per-example-method", args.per_example_method]
+    command += ["--expm", args.expm]
     return command
 
 
@@ -868,6 +873,7 @@ def run_memory(args: argparse.Namespace, networks: list[str]) -> dict:
         "machine": machine_info(),
         "settings": {"steps": args.steps, "steps_per_execution": args.steps_per_execution,
                      "jit_compile": args.jit_compile, "per_example_method": args.per_example_method,
+                     "expm": args.expm,
                      "memory_repeats": args.memory_repeats},
         "networks": per_network,
         "targets": [memory_target_row(name, entry) for name, entry in per_network.items()],
@@ -902,6 +908,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--per-example-method", choices=("auto", "layers", "vectorized", "dense_layers"), default=None,
                         help="passed to BayesianModel(per_example_method=...) when it has that argument; "
                              "default: BayesianModel's default")
+    parser.add_argument("--expm", choices=("auto", "taylor", "gram"), default="auto",
+                        help="mCCAdL's C-step method (MCCAdL(expm=...)); default auto")
     parser.add_argument("--breakdown-calls", type=int, default=None,
                         help="timed calls per breakdown piece (default 20)")
     parser.add_argument("--memory", action="store_true",
@@ -973,7 +981,7 @@ def main(argv: list[str] | None = None) -> dict:
             "jit_compile": args.jit_compile, "quick": args.quick, "methods": methods,
             "memory_repeats": args.memory_repeats if args.with_memory else None,
             "distinct_batches": DISTINCT_BATCHES, "breakdown_calls": args.breakdown_calls,
-            "per_example_method": per_example, "prior": "Gaussian(1.0)", "temperature": 1.0,
+            "per_example_method": per_example, "expm": args.expm, "prior": "Gaussian(1.0)", "temperature": 1.0,
         },
         "targets_definition": {
             "cheap_samplers": {"methods": list(CHEAP_SAMPLERS), "max_ratio_to_sgd": CHEAP_TARGET},
@@ -990,7 +998,7 @@ def main(argv: list[str] | None = None) -> dict:
         timing, models = time_methods(
             network, methods, steps=steps, repeats=args.repeats,
             steps_per_execution=args.steps_per_execution, jit_compile=args.jit_compile,
-            per_example_method=args.per_example_method,
+            per_example_method=args.per_example_method, expm=args.expm,
         )
         entry = {
             "timed_steps": steps, "batch_size": network.batch_size, "num_examples": network.num_examples,
