@@ -53,7 +53,8 @@ def extracted_patches(layer, inputs: tf.Tensor) -> tf.Tensor:
     return tf.reshape(extracted, [int(inputs.shape[0]), -1, int(extracted.shape[-1])])
 
 
-def _timed(functions: dict, args: tuple, calls: int) -> dict:
+def timed_calls(functions: dict, args: tuple, calls: int) -> dict:
+    """Median ms per call of each warm function of `args`, interleaved over `calls` rounds."""
     for fn in functions.values():
         fn(*args).numpy()  # trace and warm up
     seconds = {name: [] for name in functions}
@@ -92,7 +93,7 @@ def run(calls: int) -> dict:
         }
         whole = functions["rows_slices"](x, delta).numpy()
         difference = float(np.max(np.abs(functions["rows_per_offset"](x, delta).numpy() - whole)) / np.max(np.abs(whole)))
-        ms = _timed(functions, (x, delta), calls)
+        ms = timed_calls(functions, (x, delta), calls)
         results[name] = {"layer": layer.get_config(), "input_shape": [BATCH, *shape], "positions": positions,
                          "patch_width": int(np.prod(layer.kernel_size)) * shape[-1], "patches_equal": equal,
                          "ms": ms, "slices_over_extract_patches": ms["slices"] / ms["extract_patches"],

@@ -23,14 +23,13 @@ the largest entry).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import time
 
 import numpy as np
 import tensorflow as tf
 
 from benchmarks import step_cost
+from benchmarks.conv_patches import timed_calls
 from keras_thermo.linalg import operators
 
 #: (name, rows n, columns D, "rows" for X X^T or "columns" for X^T X).
@@ -79,21 +78,8 @@ def run(calls: int, loop: int) -> dict:
         difference = float(np.max(np.abs(other - reference)) / np.max(np.abs(reference)))
         functions = {"empty": _looped(lambda t: t[:1, :1], loop)}
         functions.update({key: _looped(product, loop) for key, product in products.items()})
-        for fn in functions.values():
-            fn(x).numpy()  # trace and warm up
-        seconds = {key: [] for key in functions}
-        gc.collect()
-        gc.disable()
-        try:
-            for _ in range(calls):
-                for key, fn in functions.items():
-                    start = time.perf_counter()
-                    fn(x).numpy()
-                    seconds[key].append((time.perf_counter() - start) / loop)
-        finally:
-            gc.enable()
-        empty = float(np.median(seconds.pop("empty")))
-        ms = {key: 1e3 * (float(np.median(values)) - empty) for key, values in seconds.items()}
+        per_call = timed_calls(functions, (x,), calls)
+        ms = {key: (per_call[key] - per_call["empty"]) / loop for key in products}
         results[name] = {
             "shape": [n, d],
             "product": "X X^T" if kind == "rows" else "X^T X",
