@@ -23,10 +23,10 @@ bound relative to its own scale, `rtol` times its largest entry: an entry near z
 momentum component crossing zero) is computed from larger values through shared sums and
 inherits their rounding, so a per-entry relative bound would be meaningless there (as in
 test_compile_modes.py). After 20 steps rtol = 1e-4, as the Dense-layer comparison in
-test_ccadl_mccadl.py; after 300 steps ten times that. The logged noise_scale (the trace of the
-estimated force covariance, a positive sum) is held to rtol per step. A wrong statistic (a
-missing bias column, a factor of n - 1, a variance 1% off) moves noise_scale by as much at the
-first step: `test_the_chain_comparison_rejects_a_variance_off_by_one_percent`.
+test_ccadl_mccadl.py; after 300 steps ten times that. The logged noise_scale of the last step
+(the trace of the estimated force covariance, a positive sum) is held to rtol. A wrong statistic
+(a missing bias column, a factor of n - 1, a variance 1% off) moves noise_scale by as much at
+every step: `test_the_chain_comparison_rejects_a_variance_off_by_one_percent`.
 """
 
 from __future__ import annotations
