@@ -7,9 +7,10 @@ variants that leave a piece out:
 
 * `full`: the sampler as it is;
 * `no_noise`: every standard normal draw of the step replaced by zeros
-  (`keras_thermo.random.normal_like`, patched while the step is traced);
+  (`keras_thermo.random.normal_like`, patched while the step is traced: `step_cost.left_out`);
 * `no_c_step` (mCCAdL): the C step replaced by the identity (`samplers.mccadl.covariance_step`),
-  so neither the Gram matrix, the products with `Gc` nor the Lanczos steps run;
+  so neither the Gram matrix, the products with `Gc` nor the Lanczos steps run (`step_cost`
+  times this variant too, for the C step's share of the step);
 * `no_noise_no_c_step` (mCCAdL): both.
 
 The variants are not samplers (without noise nothing is sampled); they exist to be timed. All
@@ -29,16 +30,13 @@ Outputs in `--out`: `results.json` and `table.md`.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 from pathlib import Path
 
 import numpy as np
-import tensorflow as tf
 
 from benchmarks import step_cost
-from keras_thermo import random as kt_random
-from keras_thermo.samplers import mccadl as kt_mccadl
+from benchmarks.step_cost import left_out
 
 METHODS = ("sgld", "sghmc", "sgnht", "tact_hmc", "ccadl_diag", "mccadl")
 VARIANTS = {"full": (), "no_noise": ("noise",), "no_c_step": ("c_step",), "no_noise_no_c_step": ("noise", "c_step")}
@@ -46,21 +44,6 @@ VARIANTS = {"full": (), "no_noise": ("noise",), "no_c_step": ("c_step",), "no_no
 
 def variants_of(method: str) -> list[str]:
     return list(VARIANTS) if method == "mccadl" else ["full", "no_noise"]
-
-
-@contextlib.contextmanager
-def left_out(pieces):
-    """Patches the library so that a step traced inside leaves `pieces` out."""
-    saved = (kt_random.normal_like, kt_mccadl.covariance_step)
-    if "noise" in pieces:
-        kt_random.normal_like = lambda key, tensors: [tf.zeros_like(t) for t in tensors]
-    if "c_step" in pieces:
-        kt_mccadl.covariance_step = lambda momentum, *args, **kwargs: (
-            list(momentum), tf.constant(0, tf.int32), tf.constant(0, tf.int32))
-    try:
-        yield
-    finally:
-        kt_random.normal_like, kt_mccadl.covariance_step = saved
 
 
 def time_network(network: step_cost.Network, *, repeats: int, steps_per_execution: int) -> dict:
