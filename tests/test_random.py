@@ -87,6 +87,22 @@ def test_each_tensor_gets_its_own_keyed_draw_in_its_dtype():
         np.testing.assert_array_equal(draw.numpy(), expected.numpy())
 
 
+def test_the_named_philox_draw_is_the_default_algorithms_under_xla_too():
+    """`normal_like` names Philox (faster to compile on a CPU) without changing any number: under
+    XLA it draws what the default "auto_select" draw compiled with XLA does (and without XLA,
+    the test above, what the kernel's default does)."""
+    like = [tf.zeros([40, 3]), tf.zeros([6], tf.float64)]
+
+    def default_algorithm(key):
+        return [tf.random.stateless_normal(tf.shape(t), seed=tf.random.experimental.stateless_fold_in(key, i),
+                                           dtype=t.dtype) for i, t in enumerate(like)]
+
+    ours = tf.function(lambda key: kt_random.normal_like(key, like), jit_compile=True)(_key())
+    default = tf.function(default_algorithm, jit_compile=True)(_key())
+    for a, b in zip(ours, default):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
 def test_unknown_shapes_in_a_traced_function():
     @tf.function(input_signature=[tf.TensorSpec([None, 3])])
     def draw(like):
