@@ -13,9 +13,11 @@ variants that leave a piece out:
   times this variant too, for the C step's share of the step);
 * `no_noise_no_c_step` (mCCAdL): both.
 
-The variants are not samplers (without noise nothing is sampled); they exist to be timed. All
-models then run interleaved with Keras SGD, as in `benchmarks.step_cost` (`--repeats` rotated
-rounds of `fit`, median per-step time and median ratio to SGD within a round). The cost of a
+The variants are not samplers (without noise nothing is sampled); they exist to be timed, under
+`step_cost`'s names (`sgld_without_noise`, `mccadl_without_noise_and_c_step`, ...:
+`step_cost.LEFT_OUT_SUFFIXES`). All run through `step_cost.time_methods`, interleaved with Keras
+SGD (`--repeats` rotated rounds of `fit`, median per-step time and median ratio to SGD within a
+round). The cost of a
 piece is the full step less the variant without it (in ms and as a multiple of the SGD step),
 with whatever overlap TensorFlow's executor finds. It bounds what any implementation that keeps
 the piece as it is can reach: a cheap sampler's step is at least SGD's plus its draw,
@@ -33,63 +35,46 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
-
 from benchmarks import step_cost
-from benchmarks.step_cost import left_out
 
 METHODS = ("sgld", "sghmc", "sgnht", "tact_hmc", "ccadl_diag", "mccadl")
-VARIANTS = {"full": (), "no_noise": ("noise",), "no_c_step": ("c_step",), "no_noise_no_c_step": ("noise", "c_step")}
+#: Variant -> its name suffix in `step_cost` (`step_cost.LEFT_OUT_SUFFIXES`).
+VARIANTS = {"no_noise": "_without_noise", "no_c_step": "_without_c_step",
+            "no_noise_no_c_step": "_without_noise_and_c_step"}
 
 
 def variants_of(method: str) -> list[str]:
-    return list(VARIANTS) if method == "mccadl" else ["full", "no_noise"]
+    return list(VARIANTS) if method == "mccadl" else ["no_noise"]
 
 
 def time_network(network: step_cost.Network, *, repeats: int, steps_per_execution: int) -> dict:
-    dataset = step_cost.make_dataset(network)
-    weights = step_cost.initial_weights(network)
+    """Every method and its variants through `step_cost.time_methods` (interleaved rounds with SGD)."""
     steps = step_cost.timed_steps(network, None, steps_per_execution)
-    names = [step_cost.SGD] + [f"{m}:{v}" for m in METHODS for v in variants_of(m)]
-    models = {}
-    for name in names:
-        method, _, variant = name.partition(":")
-        models[name] = step_cost.make_model(network, method, steps_per_execution=steps_per_execution,
-                                            jit_compile=False, weights=weights)
-        with left_out(VARIANTS.get(variant, ())):  # the step is traced by the first fit
-            for _ in range(2):
-                step_cost.timed_fit(models[name], dataset, 2 * steps_per_execution)
-    per_step = {name: [] for name in names}
-    ratios = {name: [] for name in names}
-    for repeat in range(repeats):
-        order = names[repeat % len(names):] + names[:repeat % len(names)]
-        seconds = {}
-        for name in order:
-            run = step_cost.timed_fit(models[name], dataset, steps)
-            if run["steps_completed"] == steps:
-                seconds[name] = run["seconds"] / steps
-        for name in names:
-            if name in seconds and step_cost.SGD in seconds:
-                per_step[name].append(seconds[name])
-                ratios[name].append(seconds[name] / seconds[step_cost.SGD])
-    median_ms = {name: 1e3 * float(np.median(v)) if v else None for name, v in per_step.items()}
-    median_ratio = {name: float(np.median(v)) if v else None for name, v in ratios.items()}
+    names = [step_cost.SGD] + [
+        name for method in METHODS for name in [method] + [method + VARIANTS[v] for v in variants_of(method)]
+    ]
+    timing, _ = step_cost.time_methods(network, names, steps=steps, repeats=repeats,
+                                       steps_per_execution=steps_per_execution, jit_compile=False,
+                                       per_example_method=None)
+    median_ms = {name: timing[name]["median_ms_per_step"] for name in names}
+    median_ratio = {name: timing[name]["median_ratio_to_sgd"] for name in names}
     sgd_ms = median_ms[step_cost.SGD]
     pieces = {}
     for method in METHODS:
-        full = median_ms[f"{method}:full"]
-        entry = {"full_ms": full, "full_ratio": median_ratio[f"{method}:full"]}
-        for variant in variants_of(method)[1:]:
-            cost = full - median_ms[f"{method}:{variant}"]
-            entry[f"without_{variant.removeprefix('no_')}_ms"] = median_ms[f"{method}:{variant}"]
-            entry[f"cost_of_{variant.removeprefix('no_')}_ms"] = cost
-            entry[f"cost_of_{variant.removeprefix('no_')}_over_sgd"] = cost / sgd_ms
+        full = median_ms[method]
+        entry = {"full_ms": full, "full_ratio": median_ratio[method]}
+        for variant in variants_of(method):
+            piece = variant.removeprefix("no_")
+            without = median_ms[method + VARIANTS[variant]]
+            entry[f"without_{piece}_ms"] = without
+            entry[f"without_{piece}_ratio"] = median_ratio[method + VARIANTS[variant]]
+            entry[f"cost_of_{piece}_ms"] = full - without
+            entry[f"cost_of_{piece}_over_sgd"] = (full - without) / sgd_ms
         entry["noise_floor_ratio"] = 1.0 + entry["cost_of_noise_ms"] / sgd_ms
         if method == "mccadl":
             entry["c_step_fraction_of_step"] = entry["cost_of_c_step_ms"] / full
         pieces[method] = entry
-    return {"timed_steps": steps, "median_ms_per_step": median_ms, "median_ratio_to_sgd": median_ratio,
-            "per_step_seconds": per_step, "ratio_to_sgd": ratios, "pieces": pieces}
+    return {"timed_steps": steps, "timing": timing, "pieces": pieces}
 
 
 def markdown(results: dict) -> str:
@@ -104,14 +89,13 @@ def markdown(results: dict) -> str:
     for name, network in results["networks"].items():
         for method, entry in network["pieces"].items():
             target = step_cost.ratio_target(step_cost.NETWORKS[name], method)
-            ms, ratio = network["median_ms_per_step"], network["median_ratio_to_sgd"]
             c_step = ("n/a", "n/a")
             if method == "mccadl":
-                c_step = (f"{ms['mccadl:no_c_step']:.3g} ms ({ratio['mccadl:no_c_step']:.2f}x)",
+                c_step = (f"{entry['without_c_step_ms']:.3g} ms ({entry['without_c_step_ratio']:.2f}x)",
                           f"{entry['c_step_fraction_of_step']:.2f}")
             lines.append(
                 f"| {name} | {method} | {entry['full_ms']:.3g} ms ({entry['full_ratio']:.2f}x) "
-                f"| {ms[method + ':no_noise']:.3g} ms ({ratio[method + ':no_noise']:.2f}x) "
+                f"| {entry['without_noise_ms']:.3g} ms ({entry['without_noise_ratio']:.2f}x) "
                 f"| {entry['cost_of_noise_over_sgd']:.2f} | {entry['noise_floor_ratio']:.2f} "
                 f"| {'' if target is None else f'<= {target}'} | {c_step[0]} | {c_step[1]} |")
     return "\n".join(lines) + "\n"

@@ -107,7 +107,14 @@ SGD = "keras_sgd"
 #: The covariance samplers on the vectorized rows (`per_example_method="vectorized"`), timed in
 #: the same run as on the default path (the layer-rule engine) for comparison.
 VECTORIZED_SUFFIX = "_vectorized"
-#: mCCAdL with its C step left out (not a sampler: timed only for the C step's share of the step).
+#: Timing-only variants of a method (not samplers): `<method><suffix>` traces its step with these
+#: pieces left out (`left_out`). The longest suffix is matched first.
+LEFT_OUT_SUFFIXES = {
+    "_without_noise_and_c_step": ("noise", "c_step"),
+    "_without_noise": ("noise",),
+    "_without_c_step": ("c_step",),
+}
+#: mCCAdL with its C step left out, timed with the samplers for the C step's share of the step.
 WITHOUT_C_STEP = "mccadl_without_c_step"
 SAMPLER_METHODS = (
     "sgld", "sghmc", "sgnht", "sgnht_symmetric", "tact_hmc", "ccadl_diag", "mccadl",
@@ -146,6 +153,19 @@ def left_out(pieces):
         kt_random.normal_like, kt_mccadl.covariance_step = saved
 
 
+def split_variant(method: str) -> tuple[str, tuple[str, ...]]:
+    """`(method, pieces)`: the method a timing variant is built from and what its step leaves out.
+
+    Example:
+        >>> split_variant("mccadl_without_noise_and_c_step")
+        ('mccadl', ('noise', 'c_step'))
+    """
+    for suffix, pieces in LEFT_OUT_SUFFIXES.items():
+        if method.endswith(suffix):
+            return method.removesuffix(suffix), pieces
+    return method, ()
+
+
 @dataclasses.dataclass(frozen=True)
 class Network:
     """One benchmark network with its data shapes and sampler hyperparameters.
@@ -172,7 +192,7 @@ class Network:
 
     def make_sampler(self, method: str, expm: str = "auto"):
         """The sampler of `method` with this network's hyperparameters."""
-        method = method.removesuffix(VECTORIZED_SUFFIX).removesuffix("_without_c_step")
+        method = split_variant(method)[0].removesuffix(VECTORIZED_SUFFIX)
         h, friction = self.step_size, self.friction
         if method == "sgld":
             return kt.samplers.SGLD(h * h)
@@ -387,7 +407,7 @@ def time_methods(network: Network, methods, *, steps: int, repeats: int, steps_p
         # Tracing and compilation, then a second run for the first-execution costs (allocations,
         # kernel caches), outside the timed region.
         try:
-            with left_out(("c_step",) if method == WITHOUT_C_STEP else ()):  # traced by the first fit
+            with left_out(split_variant(method)[1]):  # the step is traced by the first fit
                 for _ in range(2):
                     warm = timed_fit(models[method], dataset, min(steps, 2 * steps_per_execution))
                     if warm["diverged"]:
