@@ -140,10 +140,16 @@ def test_memory_mode_reports_every_process(tmp_path):
         assert "error" not in run, run
         assert _positive_finite(run["vm_hwm_mib"]) and run["steps_completed"] == 10
         assert entry["median_vm_hwm_mib"][method] == run["vm_hwm_mib"]
+        # The whole peak is the larger of the warm-up's and the later steps' (reset in between).
+        assert _positive_finite(run["vm_hwm_steps_mib"])
+        assert run["vm_hwm_mib"] == max(run["vm_hwm_through_warm_up_mib"], run["vm_hwm_steps_mib"])
+        assert entry["median_vm_hwm_steps_mib"][method] == run["vm_hwm_steps_mib"]
     assert entry["g_size_mib"] == pytest.approx(32 * 3760 * 4 / 2**20)
     for method in ("ccadl_diag", "mccadl"):
         assert entry["extra_peak_over_sgd_mib"][method] == pytest.approx(
             entry["runs"][method][0]["vm_hwm_mib"] - entry["runs"]["keras_sgd"][0]["vm_hwm_mib"])
+        assert entry["extra_steps_peak_over_sgd_mib"][method] == pytest.approx(
+            entry["runs"][method][0]["vm_hwm_steps_mib"] - entry["runs"]["keras_sgd"][0]["vm_hwm_steps_mib"])
     assert entry["mccadl_minus_sgd_peak_mib"] == entry["extra_peak_over_sgd_mib"]["mccadl"]
     (row,) = results["targets"]
     assert row["target"] == "<= 100" and row["measured"] == entry["mccadl_minus_sgd_peak_mib"]

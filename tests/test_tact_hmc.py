@@ -379,6 +379,9 @@ def right_mode_check(samples: np.ndarray) -> tuple[float, float, int]:
     return fraction, math.sqrt(fraction * (1 - fraction) / ess), int(np.sum(np.diff(indicator) != 0))
 
 
+# ~17 s: the slow set (with `test_bimodal_fit_independent_chains`, 8 chains of this run, the
+# stronger check) keeps the default suite within its 10-minute budget.
+@pytest.mark.slow
 def test_bimodal_fit_tact_finds_the_right_masses_no_tempering_stays():
     start = float(BIMODAL.means[0, 0])
     collector = kt.callbacks.SampleCollector(burn_in_steps=3000, every_n_steps=1, max_samples=50_000)
