@@ -829,7 +829,8 @@ def _write(out: Path, json_name: str, results: dict, table_name: str, table: str
 
 
 def peak_memory_mib() -> dict:
-    """This process's peak resident set size: VmHWM (Linux /proc) and `ru_maxrss`, in MiB.
+    """This process's peak resident set size: VmHWM (Linux /proc) and `ru_maxrss`, in MiB, and
+    its current resident size (VmRSS).
 
     VmHWM starts afresh at `exec`; Linux keeps `ru_maxrss` across `fork` and `exec`, so in a child
     process started by this benchmark it is at least the parent's peak: only VmHWM is compared."""
@@ -839,6 +840,8 @@ def peak_memory_mib() -> dict:
             for line in handle:
                 if line.startswith("VmHWM:"):
                     peak["vm_hwm_mib"] = int(line.split()[1]) / 1024.0
+                elif line.startswith("VmRSS:"):
+                    peak["vm_rss_mib"] = int(line.split()[1]) / 1024.0
     except OSError:
         pass
     return peak
@@ -871,6 +874,8 @@ def memory_child(network_name: str, method: str, args: argparse.Namespace) -> No
     whole = max(through_warm_up.get("vm_hwm_mib") or 0.0, steps_peak or 0.0) or None
     report = {**through_warm_up, "vm_hwm_mib": whole,
               "vm_hwm_through_warm_up_mib": through_warm_up.get("vm_hwm_mib"),
+              # Resident after the warm-up: the compiled step and what the allocator kept.
+              "vm_rss_after_warm_up_mib": through_warm_up.get("vm_rss_mib"),
               "vm_hwm_steps_mib": steps_peak if reset else None,
               "steps_completed": run["steps_completed"], "diverged": run["diverged"],
               "num_params": int(model.count_params() if method == SGD else model.num_params)}
@@ -919,12 +924,15 @@ def measure_memory(args: argparse.Namespace, name: str) -> dict:
                 for method in MEMORY_METHODS if method != SGD}
 
     peaks, steps_peaks = medians("vm_hwm_mib"), medians("vm_hwm_steps_mib")
+    resident = medians("vm_rss_after_warm_up_mib")
     num_params = next((run["num_params"] for method_runs in runs.values() for run in method_runs
                        if "num_params" in run), None)
     extra = over_sgd(peaks)
     return {
         "runs": runs, "median_vm_hwm_mib": peaks, "extra_peak_over_sgd_mib": extra,
         "median_vm_hwm_steps_mib": steps_peaks, "extra_steps_peak_over_sgd_mib": over_sgd(steps_peaks),
+        "median_vm_rss_after_warm_up_mib": resident,
+        "extra_resident_after_warm_up_over_sgd_mib": over_sgd(resident),
         "mccadl_minus_sgd_peak_mib": extra["mccadl"],
         "g_size_mib": None if num_params is None else network.batch_size * num_params * 4 / 2**20,
         "batch_size": network.batch_size, "num_params": num_params, "repeats": args.memory_repeats,
@@ -946,10 +954,13 @@ def memory_table(per_network: dict) -> str:
              "method, each fitting one method only), the extra of CCAdL (diag) and mCCAdL over SGD, "
              "and the size of G = n x Nd float32, in MiB. The last two columns are the same "
              "differences for the peak of the steps after the warm-up execution (high-water mark "
-             "reset after it), without the one-time tracing.", "",
+             "reset after it), without the one-time tracing, and of the resident size when the "
+             "steps begin (the compiled step and what the allocator kept): the steps' peak minus "
+             "it is what their tensors add.", "",
              "| network | SGD peak | CCAdL diag - SGD | mCCAdL - SGD (target) | size of G "
-             "| steps only: CCAdL diag - SGD | steps only: mCCAdL - SGD |",
-             "|---|---|---|---|---|---|---|"]
+             "| steps only: CCAdL diag - SGD | steps only: mCCAdL - SGD "
+             "| resident at the steps' start: CCAdL diag - SGD | resident at the steps' start: mCCAdL - SGD |",
+             "|---|---|---|---|---|---|---|---|---|"]
 
     def mib(value):
         return "failed" if value is None else f"{value:.0f}"
@@ -957,10 +968,12 @@ def memory_table(per_network: dict) -> str:
     for name, entry in per_network.items():
         extra, g_mib = entry["extra_peak_over_sgd_mib"], entry["g_size_mib"]
         steps = entry.get("extra_steps_peak_over_sgd_mib") or {}
+        resident = entry.get("extra_resident_after_warm_up_over_sgd_mib") or {}
         lines.append(f"| {name} | {mib(entry['median_vm_hwm_mib'][SGD])} | {mib(extra['ccadl_diag'])} | "
                      f"{mib(extra['mccadl'])} (<= {entry['target_extra_mccadl_mib']}) | "
                      f"{'n/a' if g_mib is None else f'{g_mib:.1f}'} | "
-                     f"{mib(steps.get('ccadl_diag'))} | {mib(steps.get('mccadl'))} |")
+                     f"{mib(steps.get('ccadl_diag'))} | {mib(steps.get('mccadl'))} | "
+                     f"{mib(resident.get('ccadl_diag'))} | {mib(resident.get('mccadl'))} |")
     return "\n".join(lines) + "\n"
 
 

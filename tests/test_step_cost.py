@@ -143,6 +143,7 @@ def test_memory_mode_reports_every_process(tmp_path):
         # The whole peak is the larger of the warm-up's and the later steps' (reset in between).
         assert _positive_finite(run["vm_hwm_steps_mib"])
         assert run["vm_hwm_mib"] == max(run["vm_hwm_through_warm_up_mib"], run["vm_hwm_steps_mib"])
+        assert 0 < run["vm_rss_after_warm_up_mib"] <= run["vm_hwm_steps_mib"]
         assert entry["median_vm_hwm_steps_mib"][method] == run["vm_hwm_steps_mib"]
     assert entry["g_size_mib"] == pytest.approx(32 * 3760 * 4 / 2**20)
     for method in ("ccadl_diag", "mccadl"):
