@@ -952,9 +952,9 @@ def memory_table(per_network: dict) -> str:
     repeats = {entry["repeats"] for entry in per_network.values()}
     lines = [f"Peak resident memory (VmHWM, median of {', '.join(map(str, sorted(repeats)))} processes per "
              "method, each fitting one method only), the extra of CCAdL (diag) and mCCAdL over SGD, "
-             "and the size of G = n x Nd float32, in MiB. The last two columns are the same "
+             "and the size of G = n x Nd float32, in MiB. The last four columns are the same "
              "differences for the peak of the steps after the warm-up execution (high-water mark "
-             "reset after it), without the one-time tracing, and of the resident size when the "
+             "reset after it), without the one-time tracing, and for the resident size when those "
              "steps begin (the compiled step and what the allocator kept): the steps' peak minus "
              "it is what their tensors add.", "",
              "| network | SGD peak | CCAdL diag - SGD | mCCAdL - SGD (target) | size of G "
