@@ -50,9 +50,9 @@ def normal_like(key: tf.Tensor, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]
     noise_draw.py`, and passes the same high-power distribution checks as this draw,
     `benchmarks/normal_draw_quality.py`; but it changes every chain's noise, and on its stream
     four fixed-seed assertions of the default tests change outcome: a resolution bound and a
-    negative control of the statistical checks, and the TACT-HMC comparisons of a mirrored run
-    with a single-device run, whose tempering dynamics amplify rounding differences. So the
-    samplers keep the stream those tests were validated on.)
+    negative control of the statistical checks, and the two TACT-HMC comparisons of a mirrored
+    run with a single-device run (cause not found: both runs call the draw with the same shapes
+    and keys). So the samplers keep the stream those tests were validated on.)
 
     Args:
         key: A stateless key from `step_key`.
