@@ -51,8 +51,9 @@ def normal_like(key: tf.Tensor, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]
     `benchmarks/normal_draw_quality.py`; but it changes every chain's noise, and on its stream
     four fixed-seed assertions of the default tests change outcome: a resolution bound and a
     negative control of the statistical checks, and the two TACT-HMC comparisons of a mirrored
-    run with a single-device run (cause not found: both runs call the draw with the same shapes
-    and keys). So the samplers keep the stream those tests were validated on.)
+    run with a single-device run (the two runs draw the same noise; their rounding differences,
+    from the cross-replica sums, grow along that stream's trajectory beyond the comparison's
+    tolerance). So the samplers keep the stream those tests were validated on.)
 
     Args:
         key: A stateless key from `step_key`.
