@@ -319,25 +319,6 @@ def test_wide_dense_on_a_sequence_in_factor_form_matches_the_rows():
     assert isinstance(operator.blocks[0], kt_blocks.FactorBlock) and operator.blocks[0].positions == 2
 
 
-@pytest.mark.parametrize("shape", [(10, 7), (10, 3, 5)])
-def test_column_squared_deviations_in_chunks_equal_the_two_pass_sums(shape, monkeypatch):
-    # Rows far from zero: the single-pass form (sum of squares minus n mean^2) would lose them.
-    rows = 1e3 + np.random.default_rng(1).standard_normal(shape).astype("float32")
-    width = int(np.prod(shape[1:]))
-    exact = ((rows.astype(np.float64) - rows.astype(np.float64).mean(axis=0)) ** 2).sum(axis=0)
-    whole = kt_blocks.column_squared_deviations(tf.constant(rows)).numpy()
-    monkeypatch.setattr(kt_blocks, "SQUARES_CHUNK_ENTRIES", 3 * width)  # four chunks, the last of one row
-    chunked = kt_blocks.column_squared_deviations(tf.constant(rows)).numpy()
-    spec = tf.TensorSpec([None, *shape[1:]])  # batch size known at run time only
-    unknown = tf.function(kt_blocks.column_squared_deviations, input_signature=[spec])(rows).numpy()
-    # float32 sums of 10 terms of ~1: a few units of rounding at most.
-    for result in (whole, chunked, unknown):
-        np.testing.assert_allclose(result, exact, rtol=1e-5)
-    # Failing case: centering each chunk on its own mean gives sums the check rejects.
-    by_chunk = sum(((rows[i:i + 3] - rows[i:i + 3].mean(axis=0)) ** 2).sum(axis=0) for i in range(0, 10, 3))
-    assert not np.allclose(by_chunk, exact, rtol=1e-5)
-
-
 def test_explicit_rows_in_chunks_equal_the_whole():
     rng = np.random.default_rng(0)
     a = tf.constant(rng.standard_normal((10, 6, 4)).astype("float32"))

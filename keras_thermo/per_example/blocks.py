@@ -45,9 +45,6 @@ from keras_thermo.linalg.operators import row_gram
 
 #: Largest explicit per-example tensor formed at once, in float32 entries (chunks beyond: 64 MiB).
 CHUNK_ENTRIES = 16 * 2**20
-#: Largest centered copy of explicit rows formed at once by `column_squared_deviations`, in entries
-#: (4 MiB of float32): beyond it the rows are centered a chunk of examples at a time.
-SQUARES_CHUNK_ENTRIES = 2**20
 #: Gram matrices of explicit rows stream `[n, D]` from memory until `n` exceeds this (flops per
 #: entry read), so they cost `max(1, 2 n / balance) / 2` products, as for a dense matrix in
 #: `keras_thermo.linalg.gram`.
@@ -57,33 +54,6 @@ MACHINE_BALANCE = 16.0
 def centered_over_rows(block: tf.Tensor) -> tf.Tensor:
     """Each column minus its mean over the rows (axis 0)."""
     return block - tf.reduce_mean(block, axis=0, keepdims=True)
-
-
-def column_squared_deviations(rows: tf.Tensor) -> tf.Tensor:
-    """Each column's sum of squared deviations from its mean over the rows (axis 0), two-pass.
-
-    The centered rows are formed a chunk of examples at a time (a sequential loop) when the
-    rows hold more than `SQUARES_CHUNK_ENTRIES` entries, so the step never holds a second copy of
-    a wide block (an LSTM's recurrent kernel rows: 16 MiB at batch 64).
-
-    Example:
-        >>> import tensorflow as tf
-        >>> column_squared_deviations(tf.constant([[1.0, 2.0], [3.0, 6.0]])).numpy().tolist()
-        [2.0, 8.0]
-    """
-    mean = tf.reduce_mean(rows, axis=0)
-    width = rows.shape[1:].num_elements()
-    chunk = max(1, SQUARES_CHUNK_ENTRIES // max(1, width or 1))
-    if width is None or (rows.shape[0] is not None and rows.shape[0] <= chunk):
-        return tf.reduce_sum(tf.square(rows - mean), axis=0)
-    count = tf.shape(rows)[0]
-
-    def add_chunk(start, total):
-        return start + chunk, total + tf.reduce_sum(tf.square(rows[start:start + chunk] - mean), axis=0)
-
-    _, total = tf.while_loop(lambda start, _: start < count, add_chunk,
-                             (tf.constant(0), tf.zeros_like(mean)), parallel_iterations=1)
-    return total
 
 
 def static_rows(tensor: tf.Tensor) -> Any:
@@ -179,7 +149,7 @@ class ExplicitBlock(ColumnBlock):
         return row_gram(self._rows)
 
     def centered_column_squares(self):
-        return column_squared_deviations(self._rows)
+        return tf.reduce_sum(tf.square(centered_over_rows(self._rows)), axis=0)  # two-pass
 
     def rows(self):
         return self._rows
@@ -334,7 +304,7 @@ class FactorBlock(ColumnBlock):
     def centered_column_squares(self):
         positions, _, _, bias = self._layout
         if positions > 1:
-            return column_squared_deviations(self.rows())
+            return tf.reduce_sum(tf.square(centered_over_rows(self.rows())), axis=0)
         return tf.concat(_dense_column_squares(self._inputs[:, 0], self._deltas[:, 0], bias), axis=0)
 
     def centered_frobenius_squared(self):
@@ -513,11 +483,11 @@ class SparseRowsBlock(ColumnBlock):
         return row_gram(self._flat())
 
     def centered_column_squares(self):
-        squares = column_squared_deviations(self._rows)  # [U, p]
+        squares = tf.reduce_sum(tf.square(centered_over_rows(self._rows)), axis=0)  # [U, p]
         return tf.reshape(self._scatter(squares), [-1])
 
     def centered_frobenius_squared(self):
-        return tf.reduce_sum(column_squared_deviations(self._rows))
+        return tf.reduce_sum(tf.square(centered_over_rows(self._rows)))
 
     def rows(self):
         per_id = tf.transpose(self._rows, [1, 2, 0])  # [U, p, n]
