@@ -43,11 +43,12 @@ fixed memory (TensorFlow, the data, the model), so the difference of the median 
 method and SGD is what the method adds at its peak: its compiled step and the tensors live in
 it (per-example factors or rows, the C step's Krylov basis). Reported next to the size of `G`,
 `n * Nd * 4` bytes, with the target for mCCAdL (100 MiB on the MLPs and the CNN,
-150 MiB on the LSTM). The whole process's peak is the target's measure. Where Linux allows it
-(`/proc/self/clear_refs`), each process also resets its high-water mark after the warm-up
-execution, so the peak splits into the peak through the first execution (tracing and graph
-optimisation included) and the peak of the later steps alone (`vm_hwm_steps_mib`; it starts from
-the resident memory left after the warm-up, which the allocator may keep).
+150 MiB on the LSTM). The whole process's peak is the target's measure. Each process also
+reports the memory it holds between steps (`vm_rss_held_mib`: its resident size after the
+warm-up execution once glibc's `malloc_trim(0)` has returned the allocator's free memory, i.e.
+the compiled step, the variables and caches) and, where Linux lets it reset its high-water mark
+(`/proc/self/clear_refs`), the peak of the later steps alone (`vm_hwm_steps_mib`): the later
+steps' peak less the held memory is what the tensors of a step add while it runs.
 
 The step-cost targets are written next to the measured values, with met / not met: SGLD, SGHMC,
 SGNHT (both integrators) and TACT-HMC within 1.3x SGD on the MLPs and 1.15x on the LSTM and the
@@ -80,6 +81,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import dataclasses
 import gc
 import inspect
@@ -270,7 +272,7 @@ def make_dataset(network: Network, seed: int = 0) -> tf.data.Dataset:
     Example:
         >>> x, y = next(iter(make_dataset(NETWORKS["digits_mlp"])))
         >>> x.shape.as_list(), y.shape.as_list()
-        [[32, 64], [32]]
+        ([32, 64], [32])
     """
     rng = np.random.default_rng(seed)
     count = DISTINCT_BATCHES * network.batch_size
@@ -849,13 +851,49 @@ def peak_memory_mib() -> dict:
 
 def reset_peak_memory() -> bool:
     """Resets this process's VmHWM to its current resident size (Linux: writing 5 to
-    /proc/self/clear_refs); False where that is not possible."""
+    /proc/self/clear_refs); False where that is not possible or did not take effect."""
     try:
         with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
             handle.write("5")
-        return True
     except OSError:
         return False
+    now = peak_memory_mib()
+    # A reset that took effect leaves the high-water mark at the resident size.
+    return "vm_hwm_mib" in now and now["vm_hwm_mib"] <= now.get("vm_rss_mib", 0.0) + 1.0
+
+
+def release_free_memory() -> bool:
+    """Returns the C allocator's free memory to the system (glibc `malloc_trim(0)`), so that the
+    resident size counts memory in use only; False where that is not available."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+def memory_report(through_warm_up: dict, held: dict | None, steps: dict | None, end: dict) -> dict:
+    """The memory child's readings (`peak_memory_mib`) as its report.
+
+    Args:
+        through_warm_up: read after the warm-up execution (tracing included).
+        held: read after `release_free_memory`, before the timed steps (None: not released).
+        steps: read after the timed steps if the high-water mark was reset before them, else None.
+        end: read at the end (`ru_maxrss` and, without a reset, the whole process's peak).
+
+    Example:
+        >>> memory_report({"vm_hwm_mib": 900.0}, {"vm_rss_mib": 850.0}, {"vm_hwm_mib": 880.0},
+        ...               {"vm_hwm_mib": 880.0, "ru_maxrss_mib": 900.0})["vm_hwm_mib"]
+        900.0
+    """
+    peaks = [value for value in (through_warm_up.get("vm_hwm_mib"), end.get("vm_hwm_mib")) if value is not None]
+    return {
+        "vm_hwm_mib": max(peaks) if peaks else None,
+        "ru_maxrss_mib": end.get("ru_maxrss_mib"),
+        "vm_hwm_through_warm_up_mib": through_warm_up.get("vm_hwm_mib"),
+        "vm_rss_held_mib": None if held is None else held.get("vm_rss_mib"),
+        "vm_hwm_steps_mib": None if steps is None else steps.get("vm_hwm_mib"),
+    }
 
 
 def memory_child(network_name: str, method: str, args: argparse.Namespace) -> None:
@@ -867,16 +905,11 @@ def memory_child(network_name: str, method: str, args: argparse.Namespace) -> No
     dataset = make_dataset(network)
     timed_fit(model, dataset, args.steps_per_execution)
     through_warm_up = peak_memory_mib()
+    held = peak_memory_mib() if release_free_memory() else None
     reset = reset_peak_memory()
     run = timed_fit(model, dataset, args.steps)
-    steps_peak = peak_memory_mib().get("vm_hwm_mib")
-    # The whole process's peak: the larger of the two windows.
-    whole = max(through_warm_up.get("vm_hwm_mib") or 0.0, steps_peak or 0.0) or None
-    report = {**through_warm_up, "vm_hwm_mib": whole,
-              "vm_hwm_through_warm_up_mib": through_warm_up.get("vm_hwm_mib"),
-              # Resident after the warm-up: the compiled step and what the allocator kept.
-              "vm_rss_after_warm_up_mib": through_warm_up.get("vm_rss_mib"),
-              "vm_hwm_steps_mib": steps_peak if reset else None,
+    end = peak_memory_mib()
+    report = {**memory_report(through_warm_up, held, end if reset else None, end),
               "steps_completed": run["steps_completed"], "diverged": run["diverged"],
               "num_params": int(model.count_params() if method == SGD else model.num_params)}
     print(_CHILD_MARKER + json.dumps(report), flush=True)
@@ -923,16 +956,14 @@ def measure_memory(args: argparse.Namespace, name: str) -> dict:
         return {method: (None if peaks[method] is None or peaks[SGD] is None else peaks[method] - peaks[SGD])
                 for method in MEMORY_METHODS if method != SGD}
 
-    peaks, steps_peaks = medians("vm_hwm_mib"), medians("vm_hwm_steps_mib")
-    resident = medians("vm_rss_after_warm_up_mib")
+    peaks, steps_peaks, held = medians("vm_hwm_mib"), medians("vm_hwm_steps_mib"), medians("vm_rss_held_mib")
     num_params = next((run["num_params"] for method_runs in runs.values() for run in method_runs
                        if "num_params" in run), None)
     extra = over_sgd(peaks)
     return {
         "runs": runs, "median_vm_hwm_mib": peaks, "extra_peak_over_sgd_mib": extra,
         "median_vm_hwm_steps_mib": steps_peaks, "extra_steps_peak_over_sgd_mib": over_sgd(steps_peaks),
-        "median_vm_rss_after_warm_up_mib": resident,
-        "extra_resident_after_warm_up_over_sgd_mib": over_sgd(resident),
+        "median_vm_rss_held_mib": held, "extra_held_over_sgd_mib": over_sgd(held),
         "mccadl_minus_sgd_peak_mib": extra["mccadl"],
         "g_size_mib": None if num_params is None else network.batch_size * num_params * 4 / 2**20,
         "batch_size": network.batch_size, "num_params": num_params, "repeats": args.memory_repeats,
@@ -952,28 +983,28 @@ def memory_table(per_network: dict) -> str:
     repeats = {entry["repeats"] for entry in per_network.values()}
     lines = [f"Peak resident memory (VmHWM, median of {', '.join(map(str, sorted(repeats)))} processes per "
              "method, each fitting one method only), the extra of CCAdL (diag) and mCCAdL over SGD, "
-             "and the size of G = n x Nd float32, in MiB. The last four columns are the same "
-             "differences for the peak of the steps after the warm-up execution (high-water mark "
-             "reset after it), without the one-time tracing, and for the resident size when those "
-             "steps begin (the compiled step and what the allocator kept): the steps' peak minus "
-             "it is what their tensors add.", "",
+             "and the size of G = n x Nd float32, in MiB. Then the same differences for the memory "
+             "held between steps (the resident size after the warm-up execution once the allocator "
+             "has returned its free memory: the compiled step, variables and caches) and for the "
+             "peak of the later steps (high-water mark reset after the warm-up); n/a where the "
+             "process could not release or reset.", "",
              "| network | SGD peak | CCAdL diag - SGD | mCCAdL - SGD (target) | size of G "
-             "| steps only: CCAdL diag - SGD | steps only: mCCAdL - SGD "
-             "| resident at the steps' start: CCAdL diag - SGD | resident at the steps' start: mCCAdL - SGD |",
+             "| held: CCAdL diag - SGD | held: mCCAdL - SGD "
+             "| later steps' peak: CCAdL diag - SGD | later steps' peak: mCCAdL - SGD |",
              "|---|---|---|---|---|---|---|---|---|"]
 
-    def mib(value):
-        return "failed" if value is None else f"{value:.0f}"
+    def mib(value, missing="failed"):
+        return missing if value is None else f"{value:.0f}"
 
     for name, entry in per_network.items():
         extra, g_mib = entry["extra_peak_over_sgd_mib"], entry["g_size_mib"]
+        held = entry.get("extra_held_over_sgd_mib") or {}
         steps = entry.get("extra_steps_peak_over_sgd_mib") or {}
-        resident = entry.get("extra_resident_after_warm_up_over_sgd_mib") or {}
         lines.append(f"| {name} | {mib(entry['median_vm_hwm_mib'][SGD])} | {mib(extra['ccadl_diag'])} | "
                      f"{mib(extra['mccadl'])} (<= {entry['target_extra_mccadl_mib']}) | "
                      f"{'n/a' if g_mib is None else f'{g_mib:.1f}'} | "
-                     f"{mib(steps.get('ccadl_diag'))} | {mib(steps.get('mccadl'))} | "
-                     f"{mib(resident.get('ccadl_diag'))} | {mib(resident.get('mccadl'))} |")
+                     + " | ".join(mib(column.get(method), "n/a") for column in (held, steps)
+                                  for method in ("ccadl_diag", "mccadl")) + " |")
     return "\n".join(lines) + "\n"
 
 
