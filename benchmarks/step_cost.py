@@ -879,7 +879,7 @@ def memory_report(through_warm_up: dict, held: dict | None, steps: dict | None, 
         through_warm_up: read after the warm-up execution (tracing included).
         held: read after `release_free_memory`, before the timed steps (None: not released).
         steps: read after the timed steps if the high-water mark was reset before them, else None.
-        end: read at the end (`ru_maxrss` and, without a reset, the whole process's peak).
+        end: read at the end (without a reset, the whole process's peak).
 
     Example:
         >>> memory_report({"vm_hwm_mib": 900.0}, {"vm_rss_mib": 850.0}, {"vm_hwm_mib": 880.0},
@@ -889,7 +889,9 @@ def memory_report(through_warm_up: dict, held: dict | None, steps: dict | None, 
     peaks = [value for value in (through_warm_up.get("vm_hwm_mib"), end.get("vm_hwm_mib")) if value is not None]
     return {
         "vm_hwm_mib": max(peaks) if peaks else None,
-        "ru_maxrss_mib": end.get("ru_maxrss_mib"),
+        # Linux resets ru_maxrss with VmHWM: the larger reading is the process's.
+        "ru_maxrss_mib": max((value for value in (through_warm_up.get("ru_maxrss_mib"), end.get("ru_maxrss_mib"))
+                              if value is not None), default=None),
         "vm_hwm_through_warm_up_mib": through_warm_up.get("vm_hwm_mib"),
         "vm_rss_held_mib": None if held is None else held.get("vm_rss_mib"),
         "vm_hwm_steps_mib": None if steps is None else steps.get("vm_hwm_mib"),
