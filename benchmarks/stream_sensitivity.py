@@ -12,10 +12,12 @@ tests/test_statistical_sgld.py (SGLD with the 12x schedule: `NEGATIVE_CHAINS_STE
 posterior check at alpha = 0.01), at the sizes the tests use now (stream_sensitivity.json was
 run at 3 x 600 and 8 x 1000), with
 `run_chains(seed=s)` for seeds `1..--seeds` (seed 0, the tests' own, is reported apart: the tests
-were validated on it), under both draws, and reports the rejection rate of each (with its
-binomial standard error) and the statistics behind it.
+were validated on it), and of tests/test_equilibration.py (`EquilibrationCheck` at T = 1 on an
+SGNHT run at T = 2, model seed s, at 15 and 30 epochs), under both draws, and reports the
+rejection rate of each (with its binomial standard error) and the statistics behind it.
 
     python -m benchmarks.stream_sensitivity --out benchmarks/results/stream_sensitivity.json [--seeds 8]
+        [--controls equilibration-wrong-T-15-epochs ...]
 """
 
 from __future__ import annotations
@@ -94,19 +96,48 @@ def sgld_control(module, seed: int) -> dict:
             "max_abs_mean_t": float(np.max(np.abs(check.mean_t))), "threshold": float(check.threshold)}
 
 
+def equilibration_control(module, epochs: int, seed: int) -> dict:
+    """tests/test_equilibration.py's negative control: SGNHT sampling at T = 2, checked at T = 1
+    by `EquilibrationCheck` (rejected: not equilibrated, the configurational temperature out of
+    band), after `epochs` epochs of 100 steps."""
+    check, _, _ = module._fit_with_check(2.0, check_temperature=1.0, epochs=epochs, seed=seed)
+    report = check.report()
+    configurational = report["overall"]["configurational"]
+    return {"rejected": report["equilibrated"] is False and configurational["in_band"] is False,
+            "num_blocks": report["num_blocks"], "configurational_mean": configurational["mean"],
+            "configurational_standard_error": configurational["standard_error"]}
+
+
+#: Epochs of the equilibration control measured: the test's former length and its length now
+#: (`WRONG_TEMPERATURE_EPOCHS` in tests/test_equilibration.py).
+EQUILIBRATION_EPOCHS = (15, 30)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/stream_sensitivity.json")
     parser.add_argument("--seeds", type=int, default=8, help="seeds 1..seeds (and the tests' own seed 0)")
     parser.add_argument("--draws", nargs="+", choices=sorted(DRAWS), default=sorted(DRAWS),
                         help="noise draws to compare (default: both)")
+    parser.add_argument("--controls", nargs="+", default=None,
+                        help="the controls to run (default: all; names as in the output)")
     args = parser.parse_args(argv)
     ccadl, sgld = _test_module("test_statistical_ccadl"), _test_module("test_statistical_sgld")
+    equilibration = _test_module("test_equilibration")
     controls = {name: (lambda seed, name=name: ccadl_control(ccadl, name, seed)) for name in sorted(ccadl.NEGATIVE)}
     controls["sgld-12x-schedule"] = lambda seed: sgld_control(sgld, seed)
-    original = kt_random.normal_like
     sizes = {name: [chains, ccadl.NEGATIVE_STEPS] for name, chains in ccadl.NEGATIVE_CHAINS.items()}
     sizes["sgld-12x-schedule"] = list(sgld.NEGATIVE_CHAINS_STEPS)
+    for epochs in EQUILIBRATION_EPOCHS:
+        name = f"equilibration-wrong-T-{epochs}-epochs"
+        controls[name] = lambda seed, epochs=epochs: equilibration_control(equilibration, epochs, seed)
+        sizes[name] = [1, 100 * epochs]
+    if args.controls is not None:
+        unknown = sorted(set(args.controls) - set(controls))
+        if unknown:
+            raise ValueError(f"--controls: unknown {unknown}; allowed: {sorted(controls)}")
+        controls = {name: run for name, run in controls.items() if name in args.controls}
+    original = kt_random.normal_like
     results = {"machine": step_cost.machine_info(),
                "settings": {"seeds": list(range(args.seeds + 1)), "chains_x_steps": sizes},
                "controls": {}}
