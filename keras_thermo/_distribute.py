@@ -252,9 +252,7 @@ def symbolic_inputs(dataset: tf.data.Dataset):
     or None when they are not plain tensors. Reads the element spec only, so, unlike drawing a
     first batch, it leaves the order of a reshuffled pipeline's epochs as it was."""
     import keras  # noqa: PLC0415 (keras imports this module's users, not the other way)
-    from keras.src.trainers.data_adapters import data_adapter_utils  # noqa: PLC0415
-
-    inputs, _, _ = data_adapter_utils.unpack_x_y_sample_weight(dataset.element_spec)
+    inputs, _, _ = keras.utils.unpack_x_y_sample_weight(dataset.element_spec)
     leaves = tf.nest.flatten(inputs)
     if not leaves or not all(isinstance(leaf, tf.TensorSpec) for leaf in leaves):
         return None

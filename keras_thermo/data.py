@@ -756,3 +756,29 @@ def keyed_minibatches(data: Any, batch_size: int, *, seed: int, first_batch: Any
         return tf.data.Dataset.range(start, 2**62)
 
     return mark_with_replacement(tf.data.Dataset.from_tensors(0).flat_map(from_first_batch).map(draw))
+
+
+def split_off_validation(arrays: Any, validation_split: float) -> tuple[Any, Any]:
+    """`(training, validation)`: the last `validation_split` of the rows of every array in
+    `arrays` (a nest) held out, as Keras' `fit(validation_split=...)` holds them out (before any
+    shuffling, the first `floor(n (1 - validation_split))` rows train).
+
+    Example:
+        >>> import numpy as np
+        >>> (x_train,), (x_val,) = split_off_validation((np.arange(10),), 0.2)
+        >>> x_train.tolist(), x_val.tolist()
+        ([0, 1, 2, 3, 4, 5, 6, 7], [8, 9])
+    """
+    split = check_number("validation_split", validation_split, low=0.0, high=1.0)
+    leaves = tf.nest.flatten(arrays)
+    num_rows = int(leaves[0].shape[0])
+    cut = int(math.floor(num_rows * (1.0 - split)))
+    if not 0 < cut < num_rows:
+        raise ValueError(
+            f"`validation_split` {validation_split!r} leaves {cut} of {num_rows} rows for training "
+            f"and {num_rows - cut} for validation; both need at least one row."
+        )
+    return (
+        tf.nest.pack_sequence_as(arrays, [leaf[:cut] for leaf in leaves]),
+        tf.nest.pack_sequence_as(arrays, [leaf[cut:] for leaf in leaves]),
+    )

@@ -24,8 +24,8 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
-from keras.src.trainers.data_adapters import data_adapter_utils
 
+from keras_thermo import _fit_checks
 from keras_thermo import chains as kt_chains
 from keras_thermo import data as kt_data
 from keras_thermo import dense_gradients as kt_dense_gradients
@@ -101,6 +101,8 @@ class _Runtime:
         self.noted_per_example_fallback = False
         # One copy per replica (they agree): written inside the step, read by the callbacks.
         self.diverged_at = replica_local_variable(tf.constant(-1, tf.int64), name="diverged_at")
+        # The size of a batch that did not split over the chains (-1: none yet), see `fit`.
+        self.uneven_batch = replica_local_variable(tf.constant(-1, tf.int64), name="uneven_batch")
         self.state_structure = None
 
 
@@ -136,6 +138,11 @@ def all_finite(tensors) -> tf.Tensor:
     return tf.math.is_finite(tf.add_n(sums))
 
 
+def _chain_mean(values: list) -> tf.Tensor:
+    """The mean of one value per chain (the value itself for one chain)."""
+    return values[0] if len(values) == 1 else tf.reduce_mean(tf.stack(values))
+
+
 def _checks_first(callbacks):
     """Moves `EquilibrationCheck`s to the front, so the epoch logs they add reach TensorBoard,
     History and the progress bar (Keras passes one logs dict through the callbacks in order)."""
@@ -166,26 +173,6 @@ def check_float32_variables(variables) -> None:
                 f"{getattr(variable, 'path', variable.name)!r} has dtype {dtype!r}. Build the net "
                 "with dtype='float32' (or keras.config.set_floatx('float32')); a mixed-precision "
                 "policy such as 'mixed_bfloat16' keeps float32 weights and is accepted."
-            )
-
-
-# Keras callbacks that drive an optimizer's learning rate, which a BayesianModel does not have.
-_LEARNING_RATE_CALLBACKS = (keras.callbacks.LearningRateScheduler, keras.callbacks.ReduceLROnPlateau)
-
-
-def check_no_learning_rate_callbacks(callbacks) -> None:
-    """Refuses Keras' learning-rate callbacks with a message saying what to use instead."""
-    if isinstance(callbacks, keras.callbacks.CallbackList):
-        callbacks = callbacks.callbacks
-    for callback in callbacks or []:
-        if isinstance(callback, _LEARNING_RATE_CALLBACKS):
-            raise ValueError(
-                f"`callbacks` contains {type(callback).__name__}, which sets an optimizer's "
-                "learning rate; a BayesianModel has no optimizer, and a sampler's step size h is "
-                "not a learning rate (for SGHMC-type samplers lr = h^2 N). Give the sampler a "
-                "keras LearningRateSchedule as `step_size`, or set `model.sampler.step_size` "
-                "(and `model.temperature`) from your own callback: both take effect at the next "
-                "step and are checkpointed."
             )
 
 
@@ -229,10 +216,10 @@ def _first_batch_inputs(x, y, batch_size):
         if inputs is not None:
             return inputs
         data = next(iter(x.take(1)))
-        inputs, _, _ = data_adapter_utils.unpack_x_y_sample_weight(data)
+        inputs, _, _ = keras.utils.unpack_x_y_sample_weight(data)
         return inputs
     if isinstance(x, keras.utils.PyDataset):
-        inputs, _, _ = data_adapter_utils.unpack_x_y_sample_weight(x[0])
+        inputs, _, _ = keras.utils.unpack_x_y_sample_weight(x[0])
         return inputs
     leaves = tf.nest.flatten(x)
     if leaves and all(hasattr(leaf, "shape") and len(leaf.shape) > 0 for leaf in leaves):
@@ -251,6 +238,9 @@ class BayesianModel(keras.Model):
         sampler: A `keras_thermo.samplers.Sampler` (or a name / config for
             `keras_thermo.samplers.get`).
         num_examples: N, the number of training examples; the potential is `N * mean loss`.
+            None takes N from the first `fit`: the rows it trains on (arrays, less
+            `validation_split`; a finite pipeline of fixed-size batches). `fit` warns when a
+            given N disagrees with the rows it trains on.
             Keras' mean reductions average over every element of the loss, not only over the
             examples: a per-token loss on sequences of length T, or a per-pixel loss, is divided
             by T (or the pixels) too, so `N * L` weighs each example's likelihood as the *mean*
@@ -313,7 +303,7 @@ class BayesianModel(keras.Model):
         self,
         net: keras.Model,
         sampler,
-        num_examples: int,
+        num_examples: int | None,
         prior: kt_priors.Prior | None = None,
         temperature: float = 1.0,
         seed: int | None = None,
@@ -329,7 +319,7 @@ class BayesianModel(keras.Model):
             raise TypeError(f"`net` must be a keras.Model, got {type(net).__name__}: {net!r}.")
         self.net = net
         self.sampler = kt_samplers.get(sampler)
-        self.num_examples = check_int("num_examples", num_examples, low=1)
+        self.num_examples = None if num_examples is None else check_int("num_examples", num_examples, low=1)
         self.loss_elements_per_example = check_positive("loss_elements_per_example", loss_elements_per_example)
         self.prior = kt_priors.get(prior)
         self._temperature_variable = None
@@ -341,6 +331,13 @@ class BayesianModel(keras.Model):
         self.num_chains = check_int("num_chains", num_chains, low=1)
         self.chain_method = check_choice("chain_method", chain_method, kt_chains.CHAIN_METHODS)
         self.chain_minibatches = check_choice("chain_minibatches", chain_minibatches, kt_chains.CHAIN_MINIBATCHES)
+        if self.num_chains > 1 and self.chain_method == "vectorized" and self.sampler.needs_per_example_gradients:
+            raise ValueError(
+                f"`chain_method` 'vectorized' maps the chains' forward and backward passes in one "
+                f"tf.vectorized_map, which has no room for the per-example statistics "
+                f"{type(self.sampler).__name__} needs; use chain_method='auto' or 'loop' (the "
+                "per-example engine then records every chain's pass)."
+            )
         if self.num_chains > 1 and self.prior is not None and type(self.prior).initial_state is not kt_priors.Prior.initial_state:
             raise ValueError(
                 f"`prior` {type(self.prior).__name__} keeps a state of its own (resampled "
@@ -372,7 +369,7 @@ class BayesianModel(keras.Model):
             # Tracing the net on symbolic inputs builds every kind of model (a subclassed one
             # has no shape-driven build of its own).
             symbolic = keras.tree.map_shape_structure(keras.KerasTensor, input_shape)
-            keras.src.backend.compute_output_spec(self.net, symbolic)
+            self.net(symbolic)
         self._create_sampler_state()
         self.built = True
 
@@ -543,6 +540,11 @@ class BayesianModel(keras.Model):
     @property
     def likelihood_weight(self) -> float:
         """`N k`: what multiplies the batch loss in `U` (and sets the force noise `(N k)^2 / n`)."""
+        if self.num_examples is None:
+            raise ValueError(
+                "`num_examples` is None and no fit has set it yet; pass num_examples=<number of "
+                "training examples> to BayesianModel, or call fit (which takes the training rows)."
+            )
         return self.num_examples * self.loss_elements_per_example
 
     @property
@@ -653,7 +655,9 @@ class BayesianModel(keras.Model):
     # --- several chains -------------------------------------------------------------------------
 
     def _chain_state(self, state, chain: int):
-        """Chain `chain`'s sampler state out of the stacked state of several chains."""
+        """Chain `chain`'s sampler state out of the stored state (one chain's is the state)."""
+        if self.num_chains == 1:
+            return state
         leaves = tf.nest.flatten(state)
         return tf.nest.pack_sequence_as(state, [leaves[0]] + [leaf[chain] for leaf in leaves[1:]])
 
@@ -749,9 +753,10 @@ class BayesianModel(keras.Model):
             and type(self).compute_loss is keras.Model.compute_loss
         )
 
-    def _force_and_statistics(self, x, y, sample_weight, cross, recording):
+    def _force_and_statistics(self, x, y, sample_weight, cross, recording, wrt=None):
         """`(F, U, L, y_pred, per-example statistics or None)` of one batch (this replica's
-        share of F and U).
+        share of F and U), differentiated with respect to `wrt`: the tensors a
+        `keras.StatelessScope` maps the trainable variables to (None: the variables).
 
         With the engine (`recording`), one backward pass gives both the per-example statistics
         and the gradient of the compiled loss: `grad (N L_data) = (N / n) sum_i g_i`, the rows
@@ -759,9 +764,11 @@ class BayesianModel(keras.Model):
         which involves the network only through activity regularizers. Otherwise the tape
         differentiates U itself and the statistics, if needed, come after.
         """
-        variables = self.trainable_variables
+        variables = self.trainable_variables if wrt is None else list(wrt)
         shared = self._shares_backward_pass(recording, cross)
         with tf.GradientTape() as tape:
+            if wrt is not None:
+                tape.watch(variables)
             with recording if recording is not None else contextlib.nullcontext():
                 potential, loss, y_pred = self.compute_potential(x, y, sample_weight)
             if shared:  # U less its data term: N times the layers' own losses (summed as Keras does), and R
@@ -786,7 +793,7 @@ class BayesianModel(keras.Model):
         else:
             gradients = tape.gradient(potential, variables)
             if self.sampler.needs_per_example_gradients:
-                per_example = self._per_example_gradients(x, y, sample_weight, cross, recording, y_pred)
+                per_example = self._per_example_gradients(x, y, sample_weight, cross, recording, y_pred, wrt)
         force = [
             -tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v)
             for g, v in zip(gradients, variables)
@@ -794,187 +801,65 @@ class BayesianModel(keras.Model):
         return force, potential, loss, y_pred, per_example
 
     def train_step(self, data):
-        if self.num_chains > 1:
-            return self._train_step_chains(data)
-        x, y, sample_weight = data_adapter_utils.unpack_x_y_sample_weight(data)
-        variables = self.trainable_variables
-        # Identity on one device; under tf.distribute it makes every replica see the global
-        # batch's force, potential and noise statistics, so all replicas take the same step.
-        cross = CrossReplica()
-        # The layer-rule engine records the potential's own forward pass (no second one).
-        recording = None
-        if self.sampler.needs_per_example_gradients and self.per_example_path in ("layers", "dense_layers"):
-            recording = kt_per_example.Recording(self.net, variables)
-        force, potential, loss, y_pred, per_example = self._force_and_statistics(
-            x, y, sample_weight, cross, recording
-        )
-        local_batch_size = tf.shape(tf.nest.flatten(x)[0])[0]
-        self._loss_tracker.update_state(loss * cross.num_replicas, sample_weight=local_batch_size)
-        force, potential, batch_size = cross.sum(
-            (force, tf.cast(potential, tf.float32), tf.cast(local_batch_size, tf.float32))
-        )
-        # Every update is computed from these, so a batch the replicas cannot split moves nothing.
-        force, potential, batch_size = cross.check_even_split(batch_size, (force, potential, batch_size))
+        """One sampling step of every chain; a one-chain model is C = 1 of the same code.
 
-        state = self.sampler_state()
-        temperature = self._step_temperature(state.step, cross)
-        context = kt_samplers.StepContext(
-            temperature=temperature,
-            num_examples=self.likelihood_weight,
-            batch_size=batch_size,
-            potential=potential,
-            seed=self.seed,
-            per_example_gradients=per_example,
-        )
-        params = [tf.convert_to_tensor(v) for v in variables]
-        new_params, new_state, diagnostics = self.sampler.update(state, params, force, context)
-        self._apply_if_finite(variables, new_params, state, new_state, potential, cross)
-        if self._prior_state_variables:
-            self._update_prior_state(new_state.step, temperature, cross)
-        if self._runtime.temperature_recorders:
-            self._record_temperatures(state, new_state, params, new_params, force)
-
-        logs = self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-        logs = dict(logs)
-        logs["potential"] = potential
-        logs["configurational_temperature"] = configurational_temperature(params, force)
-        if self.temperature_schedule is not None:
-            logs["temperature"] = temperature
-        logs.update(diagnostics)
-        return cross.per_worker_logs(logs)  # Keras' multi-worker reduction needs vectors
-
-    def _chain_batches(self, data):
-        """`(x, y, sample_weight)` of each chain: the whole batch for every chain (`"shared"`), or
-        C equal parts of it, one per chain (`"split"`), refused at run time when C does not divide
-        the batch."""
-        if self.chain_minibatches == "shared":
-            return [data] * self.num_chains
-        chains = self.num_chains
-        size = tf.shape(tf.nest.flatten(data[0])[0])[0]
-        check = tf.debugging.Assert(
-            tf.equal(size % chains, 0),
-            [
-                "BayesianModel(chain_minibatches='split'): a batch of", size,
-                f"examples does not split into {chains} equal parts, one per chain; fit on arrays "
-                f"(each chain then draws batch_size examples of its own) or give a pipeline whose "
-                f"batches (per replica) are multiples of num_chains = {chains}.",
-            ],
-        )
-        with tf.control_dependencies([check]):
-            part = size // chains
-
-        def piece(k):
-            return tuple(
-                None if item is None else tf.nest.map_structure(lambda t: t[k * part:(k + 1) * part], item)
-                for item in data
-            )
-
-        return [piece(k) for k in range(chains)]
-
-    def _chain_forward_backward(self, batches, stacked_params):
-        """Every chain's `(U, L, y_pred, F, updated non-trainable values)` on its batch, stacked
-        on a leading chain axis: the net runs under a `keras.StatelessScope` mapping its trainable
-        variables to the chain's values, vectorized over chains or in a loop (`chain_path`)."""
-        variables = self.trainable_variables
-        non_trainable = self.net.non_trainable_variables
-
-        def one_chain(params, batch):
-            x, y, sample_weight = batch
-            params = list(params)
-            with tf.GradientTape() as tape:
-                tape.watch(params)
-                with keras.StatelessScope(state_mapping=list(zip(variables, params))) as scope:
-                    potential, loss, y_pred = self.compute_potential(x, y, sample_weight)
-                    # What the pass wrote to non-trainable variables (BatchNormalization's moving
-                    # statistics, seed generators); chain 0's are kept.
-                    updated = []
-                    for variable in non_trainable:
-                        value = scope.get_current_value(variable)
-                        updated.append(tf.convert_to_tensor(variable) if value is None else value)
-            gradients = tape.gradient(potential, params)
-            force = [
-                -tf.convert_to_tensor(g) if g is not None else tf.zeros_like(p) for g, p in zip(gradients, params)
-            ]
-            return tf.cast(potential, tf.float32), loss, y_pred, force, updated
-
-        if self.chain_path == "vectorized":
-            if self.chain_minibatches == "shared":
-                return tf.vectorized_map(lambda params: one_chain(params, batches[0]), stacked_params)
-            present = [i for i, item in enumerate(batches[0]) if item is not None]  # y, weights may be None
-            stacked_batches = [
-                tf.nest.map_structure(lambda *parts: tf.stack(parts), *[batch[i] for batch in batches]) for i in present
-            ]
-
-            def chain_with_batch(args):
-                params, items = args
-                batch = [None] * len(batches[0])
-                for i, item in zip(present, items):
-                    batch[i] = item
-                return one_chain(params, tuple(batch))
-
-            return tf.vectorized_map(chain_with_batch, (stacked_params, stacked_batches))
-        per_chain = [one_chain([p[k] for p in stacked_params], batches[k]) for k in range(self.num_chains)]
-        return tf.nest.map_structure(lambda *chains: tf.stack(chains), *per_chain)
-
-    def _train_step_chains(self, data):
-        """`train_step` for C > 1 chains (`keras_thermo.chains`): every chain's force, then
-        every chain's sampler update, assigned together (or not at all, see `_assign_if_finite`)."""
-        batches = self._chain_batches(data_adapter_utils.unpack_x_y_sample_weight(data))
-        variables = self.trainable_variables
+        Per chain: the force of its minibatch and, for CCAdL and mCCAdL, the per-example
+        statistics from the same forward and backward pass (`_chain_passes`), summed over
+        replicas; then the sampler's update of each chain. All chains' results are assigned
+        together, or none when a value is non-finite or the batch did not split over the chains
+        (`_assign_if_finite`), and recorded for the callbacks.
+        """
+        data = keras.utils.unpack_x_y_sample_weight(data)
         chains = range(self.num_chains)
         cross = CrossReplica()
-        stacked = self._stacked_params()
-        potential, loss, y_pred, force, updated = self._chain_forward_backward(batches, stacked)
-        for variable, values in zip(self.net.non_trainable_variables, updated):
-            variable.assign(values[0])
+        batches, uneven = self._chain_batches(data)
+        params = self._chain_params()
+        passes = self._chain_passes(batches, params, cross)
+        force, potential, loss, y_pred, per_example = (list(column) for column in zip(*passes))
         local_batch_size = tf.shape(tf.nest.flatten(batches[0][0])[0])[0]  # one chain's
-        self._loss_tracker.update_state(tf.reduce_mean(loss) * cross.num_replicas, sample_weight=local_batch_size)
+        self._loss_tracker.update_state(_chain_mean(loss) * cross.num_replicas, sample_weight=local_batch_size)
+        potential = [tf.cast(u, tf.float32) for u in potential]
         force, potential, batch_size = cross.sum((force, potential, tf.cast(local_batch_size, tf.float32)))
+        # Every update is computed from these, so a batch the replicas cannot split moves nothing.
         force, potential, batch_size = cross.check_even_split(batch_size, (force, potential, batch_size))
 
         state = self.sampler_state()
         temperature = self._step_temperature(state.step, cross)
         results = []
         for k in chains:
-            x, y, sample_weight = batches[k]
-            params = [p[k] for p in stacked]
-            chain_force = [f[k] for f in force]
-            # Per-example statistics read the net's weights: map them to this chain's.
-            with keras.StatelessScope(state_mapping=list(zip(variables, params))):
-                per_example = None
-                if self.sampler.needs_per_example_gradients:
-                    per_example = self._per_example_gradients(x, y, sample_weight, cross)
-                context = kt_samplers.StepContext(
-                    temperature=temperature,
-                    num_examples=self.likelihood_weight,
-                    batch_size=batch_size,
-                    potential=potential[k],
-                    seed=self.chain_seeds[k],
-                    per_example_gradients=per_example,
-                )
-                results.append(self.sampler.update(self._chain_state(state, k), params, chain_force, context))
-        new_params = [tf.stack(column) for column in zip(*[r[0] for r in results])]
-        chain_states = [r[1] for r in results]
-        per_chain_leaves = [tf.nest.flatten(s) for s in chain_states]
-        new_leaves = [per_chain_leaves[0][0]] + [tf.stack(column) for column in list(zip(*per_chain_leaves))[1:]]
-        new_state = tf.nest.pack_sequence_as(state, new_leaves)
+            context = kt_samplers.StepContext(
+                temperature=temperature,
+                num_examples=self.likelihood_weight,
+                batch_size=batch_size,
+                potential=potential[k],
+                seed=self.chain_seeds[k],
+                per_example_gradients=per_example[k],
+            )
+            results.append(self.sampler.update(self._chain_state(state, k), params[k], force[k], context))
+        new_params, chain_states, diagnostics = (list(column) for column in zip(*results))
+        new_state = self._stacked_state(chain_states)
 
-        # Chain 0 in the net's variables, the others in the chain variables.
+        # Chain 0 in the net's variables, chains 1..C-1 in the chain variables.
+        variables = self.trainable_variables
+        new_leaves = tf.nest.flatten(new_state)
         targets = list(variables) + list(self._chain_variables) + list(self._state_variables)
-        values = [p[0] for p in new_params] + [p[1:] for p in new_params] + new_leaves
-        checked = new_params + [t for t in new_leaves if t.dtype.is_floating] + [potential]
-        ok = self._assign_if_finite(targets, values, checked, state.step, cross)
+        values = list(new_params[0]) + [
+            tf.stack([new_params[k][i] for k in chains][1:]) for i in range(len(self._chain_variables))
+        ] + new_leaves
+        checked = [p for chain in new_params for p in chain] + [t for t in new_leaves if t.dtype.is_floating]
+        ok = self._assign_if_finite(targets, values, checked + potential, state.step, cross, uneven)
+        if self._prior_state_variables:
+            self._update_prior_state(new_state.step, temperature, cross)
         if self._runtime.recorders:
             completed = tf.cast(new_state.step, tf.int64)
             is_sample = tf.reduce_all([self.sampler.is_sample(s) for s in chain_states])
             is_sample = tf.logical_and(tf.logical_and(ok, is_sample), cross.is_first_local_replica())
-            recorded = [tf.where(ok, new, old) for new, old in zip(new_params, stacked)]
+            recorded = self._stacked_params() if self.num_chains > 1 else variables  # read after the assignment
             for recorder in self._runtime.recorders:
                 recorder.maybe_record(completed, is_sample, recorded)
         if self._runtime.temperature_recorders:
             per_chain = [
-                self._variable_temperatures(self._chain_state(state, k), chain_states[k], [p[k] for p in stacked],
-                                            [p[k] for p in new_params], [f[k] for f in force])
+                self._variable_temperatures(self._chain_state(state, k), chain_states[k], params[k], new_params[k], force[k])
                 for k in chains
             ]
             weight, kinetic, configurational = (tf.stack(column) for column in zip(*per_chain))
@@ -985,21 +870,126 @@ class BayesianModel(keras.Model):
             x, y, sample_weight = batches[k]
             logs = self.compute_metrics(x, y, y_pred[k], sample_weight=sample_weight)  # chain means
         logs = dict(logs)
-        logs["potential"] = tf.reduce_mean(potential)
+        logs["potential"] = _chain_mean(potential)
         if self.temperature_schedule is not None:
             logs["temperature"] = temperature
-        per_chain_logs = {
-            "configurational_temperature": tf.stack(
-                [configurational_temperature([p[k] for p in stacked], [f[k] for f in force]) for k in chains]
-            ),
-        }
-        for name in results[0][2]:
-            per_chain_logs[name] = tf.stack([tf.cast(r[2][name], tf.float32) for r in results])
+        per_chain_logs = {"configurational_temperature": [configurational_temperature(p, f) for p, f in zip(params, force)]}
+        for name in diagnostics[0]:
+            per_chain_logs[name] = [d[name] for d in diagnostics]
         for name, values in per_chain_logs.items():
-            logs[name] = tf.reduce_mean(values)
-            if name in kt_chains.PER_CHAIN_LOGS and self.num_chains <= kt_chains.MAX_LOGGED_CHAINS:
+            logs[name] = _chain_mean(values)
+            if 1 < self.num_chains <= kt_chains.MAX_LOGGED_CHAINS and name in kt_chains.PER_CHAIN_LOGS:
                 logs.update({kt_chains.chain_log_name(name, k): values[k] for k in chains})
-        return cross.per_worker_logs(logs)
+        return cross.per_worker_logs(logs)  # Keras' multi-worker reduction needs vectors
+
+    def _chain_params(self) -> list[list[tf.Tensor]]:
+        """Every chain's weights as tensors, one list per chain (chain 0: the net's own)."""
+        own = [tf.convert_to_tensor(v) for v in self.trainable_variables]
+        others = [tf.convert_to_tensor(c) for c in self._chain_variables]
+        return [own] + [[c[k - 1] for c in others] for k in range(1, self.num_chains)]
+
+    def _stacked_state(self, chain_states):
+        """The sampler state of every chain in the stored layout: chain 0's own for one chain;
+        for several, the shared step counter and every other leaf stacked on a chain axis."""
+        if self.num_chains == 1:
+            return chain_states[0]
+        leaves = [tf.nest.flatten(s) for s in chain_states]
+        stacked = [leaves[0][0]] + [tf.stack(column) for column in list(zip(*leaves))[1:]]
+        return tf.nest.pack_sequence_as(chain_states[0], stacked)
+
+    def _chain_batches(self, data):
+        """`([(x, y, sample_weight)] per chain, uneven)`: the whole batch for every chain
+        (`"shared"`), or C equal parts of it, one per chain (`"split"`). `uneven` is the batch's
+        size when C does not divide it, else -1; the step then applies nothing and `fit` raises
+        (a batch size known before the first step is checked there, `_check_chain_batch_size`)."""
+        if self.num_chains == 1 or self.chain_minibatches == "shared":
+            return [data] * self.num_chains, tf.constant(-1, tf.int64)
+        chains = self.num_chains
+        size = tf.shape(tf.nest.flatten(data[0])[0])[0]
+        part = size // chains
+
+        def piece(k):
+            return tuple(
+                None if item is None else tf.nest.map_structure(lambda t: t[k * part:(k + 1) * part], item)
+                for item in data
+            )
+
+        uneven = tf.where(tf.equal(size % chains, 0), tf.constant(-1, tf.int64), tf.cast(size, tf.int64))
+        return [piece(k) for k in range(chains)], uneven
+
+    def _chain_passes(self, batches, params, cross):
+        """`(F, U, L, y_pred, per-example statistics or None)` of every chain on its batch
+        (this replica's share of F and U).
+
+        One chain runs on the net's own variables. With several, each chain's pass runs the net
+        under a `keras.StatelessScope` that maps its trainable variables to that chain's values
+        (a loop of C passes, with the per-example engine recording each; or, for samplers
+        without per-example statistics, `chain_method="vectorized"`'s one `tf.vectorized_map`);
+        what a pass writes to non-trainable variables (moving statistics, seed generators) is
+        kept from chain 0.
+        """
+        if self.num_chains == 1:
+            return [self._force_and_statistics(*batches[0], cross, self._recording(None))]
+        if self.chain_path == "vectorized":
+            return self._vectorized_chain_passes(batches, params)
+        variables = self.trainable_variables
+        non_trainable = self.net.non_trainable_variables
+        passes, updated = [], None
+        for k, (batch, chain_params) in enumerate(zip(batches, params)):
+            with keras.StatelessScope(state_mapping=list(zip(variables, chain_params))) as scope:
+                passes.append(self._force_and_statistics(*batch, cross, self._recording(chain_params), wrt=chain_params))
+                if k == 0:
+                    updated = [scope.get_current_value(v) for v in non_trainable]
+        for variable, value in zip(non_trainable, updated):
+            if value is not None:
+                variable.assign(value)
+        return passes
+
+    def _recording(self, wrt):
+        """The per-example engine's recording of the next forward pass, for samplers that need
+        per-example statistics on a net every layer of which has a rule (else None); `wrt`
+        are the tensors standing for the trainable variables (None: the variables)."""
+        if not self.sampler.needs_per_example_gradients or self.per_example_path not in ("layers", "dense_layers"):
+            return None
+        return kt_per_example.Recording(self.net, self.trainable_variables if wrt is None else wrt)
+
+    def _vectorized_chain_passes(self, batches, params):
+        """`_chain_passes` as one `tf.vectorized_map` over the chain axis (no per-example
+        statistics: CCAdL and mCCAdL refuse `chain_method="vectorized"`)."""
+        variables = self.trainable_variables
+
+        def one_chain(chain_params, batch):
+            x, y, sample_weight = batch
+            chain_params = list(chain_params)
+            with tf.GradientTape() as tape:
+                tape.watch(chain_params)
+                with keras.StatelessScope(state_mapping=list(zip(variables, chain_params))):
+                    potential, loss, y_pred = self.compute_potential(x, y, sample_weight)
+            gradients = tape.gradient(potential, chain_params)
+            force = [-tf.convert_to_tensor(g) if g is not None else tf.zeros_like(p) for g, p in zip(gradients, chain_params)]
+            return force, tf.cast(potential, tf.float32), loss, y_pred
+
+        stacked_params = [tf.stack(column) for column in zip(*params)]
+        if self.chain_minibatches == "shared":
+            stacked = tf.vectorized_map(lambda p: one_chain(p, batches[0]), stacked_params)
+        else:
+            present = [i for i, item in enumerate(batches[0]) if item is not None]  # y, weights may be None
+            stacked_batches = [
+                tf.nest.map_structure(lambda *parts: tf.stack(parts), *[batch[i] for batch in batches]) for i in present
+            ]
+
+            def chain_with_batch(args):
+                chain_params, items = args
+                batch = [None] * len(batches[0])
+                for i, item in zip(present, items):
+                    batch[i] = item
+                return one_chain(chain_params, tuple(batch))
+
+            stacked = tf.vectorized_map(chain_with_batch, (stacked_params, stacked_batches))
+        return [
+            tuple(tf.nest.map_structure(lambda t: t[k], part) for part in stacked) + (None,)
+            for k in range(self.num_chains)
+        ]
 
     def test_step(self, data):
         # `evaluate` under a multi-worker strategy: Keras' logs need the same reshaping.
@@ -1041,6 +1031,9 @@ class BayesianModel(keras.Model):
     def _check_per_example_method(self) -> None:
         if not self.sampler.needs_per_example_gradients:
             return
+        if kt_per_example.stochastic_layers(self.net):
+            # No per-example path takes these layers: refuse now rather than name a fallback.
+            kt_per_example.check_per_example_compatible(self.net, recurrent_loops=True)
         if self.per_example_method == "dense_layers":
             reason = kt_dense_gradients.dense_layer_incompatibility(self.net)
         elif self.per_example_method in ("layers", "auto"):
@@ -1063,38 +1056,35 @@ class BayesianModel(keras.Model):
             f"{reason}. Use 'auto' or 'vectorized'."
         )
 
-    def _per_example_gradients(self, x, y, sample_weight, cross, recording=None, y_pred=None):
+    def _per_example_gradients(self, x, y, sample_weight, cross, recording=None, y_pred=None, wrt=None):
         scale = self._example_loss_scale  # `loss_weights`: the rows are gradients of the batch loss
         if recording is not None:  # "layers" or "dense_layers": the engine on the recorded pass
             return recording.statistics(
                 self.loss, y, y_pred, sample_weight, cross_replica=cross, loss_scale=scale
             )
-        rows = kt_per_example.per_example_gradients(self.net, self.loss, x, y, sample_weight, loss_scale=scale)
+        rows = kt_per_example.per_example_gradients(
+            self.net, self.loss, x, y, sample_weight, loss_scale=scale, wrt=wrt
+        )
         return kt_per_example.PerExampleGradients(tf.cast(rows, tf.float32), cross)
 
-    def _assign_if_finite(self, targets, values, checked, step, cross) -> tf.Tensor:
-        """Assigns `values` to `targets` unless any of `checked` is non-finite (then nothing
-        moves, and `diverged_at` keeps `step`); returns whether they were assigned."""
+    def _assign_if_finite(self, targets, values, checked, step, cross, uneven) -> tf.Tensor:
+        """Assigns `values` to `targets` unless any of `checked` is non-finite or the batch did
+        not split over the chains (`uneven` its size, else -1); then nothing moves, and
+        `diverged_at` keeps `step` (or `uneven_batch` the batch size). Returns whether they were
+        assigned."""
+        runtime = self._runtime
         finite = all_finite(checked)
-        ok = tf.logical_and(finite, self._runtime.diverged_at < 0)
+        even = uneven < 0
+        healthy = tf.logical_and(runtime.diverged_at < 0, runtime.uneven_batch < 0)
+        ok = tf.logical_and(tf.logical_and(finite, even), healthy)
         cross.assign(targets, [tf.where(ok, value, target) for target, value in zip(targets, values)])
-        first_failure = tf.logical_and(tf.logical_not(finite), self._runtime.diverged_at < 0)
-        self._runtime.diverged_at.assign(
-            tf.where(first_failure, tf.cast(step, tf.int64), self._runtime.diverged_at)
+        runtime.diverged_at.assign(
+            tf.where(tf.logical_and(tf.logical_not(finite), healthy), tf.cast(step, tf.int64), runtime.diverged_at)
+        )
+        runtime.uneven_batch.assign(
+            tf.where(tf.logical_and(tf.logical_not(even), healthy), uneven, runtime.uneven_batch)
         )
         return ok
-
-    def _apply_if_finite(self, variables, new_params, state, new_state, potential, cross) -> None:
-        """Assigns the step's results, unless any is non-finite (then nothing moves)."""
-        new_leaves = tf.nest.flatten(new_state)
-        checked = list(new_params) + [t for t in new_leaves if t.dtype.is_floating] + [potential]
-        targets = list(variables) + list(self._state_variables)
-        ok = self._assign_if_finite(targets, list(new_params) + new_leaves, checked, state.step, cross)
-        completed = tf.cast(new_state.step, tf.int64)
-        is_sample = tf.logical_and(ok, self.sampler.is_sample(new_state))
-        is_sample = tf.logical_and(is_sample, cross.is_first_local_replica())
-        for recorder in self._runtime.recorders:
-            recorder.maybe_record(completed, is_sample, variables)
 
     def _variable_temperatures(self, state, new_state, params, new_params, force):
         """`(weight, kinetic [V], configurational [V])` of a completed step: per-variable
@@ -1109,13 +1099,6 @@ class BayesianModel(keras.Model):
             tf.cast(tf.stack(kinetic), tf.float64),
             tf.cast(tf.stack(configurational), tf.float64),
         )
-
-    def _record_temperatures(self, state, new_state, params, new_params, force) -> None:
-        """Records `_variable_temperatures` of the step in every `EquilibrationCheck`."""
-        weight, kinetic, configurational = self._variable_temperatures(state, new_state, params, new_params, force)
-        kinetic, configurational = tf.unstack(kinetic), tf.unstack(configurational)
-        for recorder in self._runtime.temperature_recorders:
-            recorder.record(weight, kinetic, configurational)
 
     # --- fit ----------------------------------------------------------------------------------
 
@@ -1193,13 +1176,20 @@ class BayesianModel(keras.Model):
         if not self.compiled:
             raise ValueError("Call `compile(loss=...)` on the BayesianModel before `fit`.")
         self._build_from_data(arguments.get("x"), arguments.get("y"), arguments.get("batch_size"))
+        split = arguments.get("validation_split", 0.0)
+        rows = _fit_checks.training_rows(arguments.get("x"), split)
+        if self.num_examples is None:
+            self.num_examples = _fit_checks.resolve_num_examples(rows)
+        _fit_checks.check_num_examples(self.num_examples, rows, split)
         self._check_per_example_method()
         self._warn_about_stochastic_layers()
         check_even_batches(
             self.distribute_strategy.num_replicas_in_sync, arguments.get("x"), arguments.get("batch_size"),
             arguments.get("validation_split", 0.0), arguments.get("steps_per_epoch"),
         )
-        if with_replacement and arguments.get("shuffle", True) and _is_array_data(arguments.get("x")):
+        draws_batches = with_replacement and arguments.get("shuffle", True) and _is_array_data(arguments.get("x"))
+        self._check_chain_batch_size(arguments.get("x"), arguments.get("batch_size"), draws_batches)
+        if draws_batches:
             self._draw_array_minibatches_with_replacement(arguments)
         elif not _is_array_data(arguments.get("x")) and not getattr(arguments.get("x"), "draws_with_replacement", False):
             self._note_pipeline_noise()
@@ -1207,9 +1197,12 @@ class BayesianModel(keras.Model):
         if self.num_chains > 1:
             callbacks = kt_chains.with_chain_progbar(callbacks)
         arguments["callbacks"] = callbacks
-        check_no_learning_rate_callbacks(callbacks)
+        _fit_checks.check_no_learning_rate_callbacks(callbacks)
+        _fit_checks.warn_about_restoring_callbacks(callbacks)
+        _fit_checks.warn_about_class_weight(arguments.get("class_weight"))
         self._attach_recorders(callbacks)
         self._runtime.diverged_at.assign(-1)
+        self._runtime.uneven_batch.assign(-1)
         guard = _DivergenceGuard()
         if isinstance(callbacks, keras.callbacks.CallbackList):
             callbacks.append(guard)
@@ -1219,6 +1212,33 @@ class BayesianModel(keras.Model):
         self._raise_if_diverged()
         return history
 
+    def _check_chain_batch_size(self, x, batch_size, draws_batches: bool) -> None:
+        """Refuses, before the first step, batches of a known size that do not split into one
+        equal part per chain (`chain_minibatches="split"`); sizes that show only at run time
+        stop `fit` at the first such batch (`_chain_batches`). Batches `fit` draws itself
+        (`draws_batches`) hold `batch_size` examples per chain."""
+        if self.num_chains == 1 or self.chain_minibatches == "shared" or draws_batches:
+            return
+        if isinstance(x, tf.data.Dataset):
+            sizes = {
+                leaf.shape[0] for leaf in tf.nest.flatten(x.element_spec)
+                if isinstance(leaf, tf.TensorSpec) and leaf.shape.rank and leaf.shape[0] is not None
+            }
+            what = "the tf.data pipeline's batches hold"
+        elif _is_array_data(x):
+            sizes, what = {batch_size or 32}, "`batch_size` is"
+        else:
+            return
+        for size in sizes:
+            if size % self.num_chains:
+                raise ValueError(
+                    f"{what} {size} examples, which do not split into num_chains={self.num_chains} "
+                    "equal parts (chain_minibatches='split' gives each chain one part): use a batch "
+                    f"size that is a multiple of {self.num_chains}, fit on arrays with the default "
+                    "shuffle (each chain then draws batch_size examples of its own), or "
+                    "chain_minibatches='shared'."
+                )
+
     def _draw_array_minibatches_with_replacement(self, arguments) -> None:
         """Replaces `fit`'s arrays by `data.keyed_minibatches` (see `fit`), keeping Keras' epoch
         length, `validation_split` (the last fraction, as Keras takes it) and `sample_weight`."""
@@ -1226,7 +1246,7 @@ class BayesianModel(keras.Model):
         arrays = tuple(arguments.pop(name) for name in ("x", "y", "sample_weight") if arguments.get(name) is not None)
         split = arguments.pop("validation_split", 0.0) or 0.0
         if split:
-            arrays, validation = data_adapter_utils.train_validation_split(arrays, validation_split=split)
+            arrays, validation = kt_data.split_off_validation(arrays, split)
             arguments["validation_data"] = validation
         arguments["shuffle"] = False  # the draws are already random (Keras warns otherwise)
         num_examples = int(tf.nest.flatten(arrays)[0].shape[0])
@@ -1268,6 +1288,7 @@ class BayesianModel(keras.Model):
         self._check_per_example_method()
         self._warn_about_stochastic_layers()
         self._runtime.diverged_at.assign(-1)
+        self._runtime.uneven_batch.assign(-1)
         logs = super().train_on_batch(
             x, y, sample_weight=sample_weight, class_weight=class_weight, return_dict=return_dict
         )
@@ -1275,6 +1296,16 @@ class BayesianModel(keras.Model):
         return logs
 
     def _raise_if_diverged(self) -> None:
+        uneven = int(self._runtime.uneven_batch.numpy())
+        if uneven >= 0:
+            raise ValueError(
+                f"BayesianModel(num_chains={self.num_chains}, chain_minibatches='split') cuts every "
+                f"batch into {self.num_chains} equal parts, one per chain, but a batch of {uneven} "
+                f"examples came; that step and every later one was not applied. Fit on arrays (each "
+                f"chain then draws `batch_size` examples of its own), or batch the pipeline in "
+                f"multiples of num_chains={self.num_chains} with drop_remainder=True, or use "
+                "chain_minibatches='shared'."
+            )
         step = int(self._runtime.diverged_at.numpy())
         if step >= 0:
             raise SamplerDivergedError(
@@ -1291,5 +1322,6 @@ class _DivergenceGuard(keras.callbacks.Callback):
     """Stops `fit` cleanly at the end of the execution in which a step went non-finite."""
 
     def on_train_batch_end(self, batch, logs=None):
-        if int(self.model._runtime.diverged_at.numpy()) >= 0:
+        runtime = self.model._runtime
+        if int(runtime.diverged_at.numpy()) >= 0 or int(runtime.uneven_batch.numpy()) >= 0:
             self.model.stop_training = True

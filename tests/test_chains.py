@@ -87,9 +87,9 @@ _SLOW = pytest.mark.slow  # the default suite runs the first case of each parame
 
 @pytest.mark.parametrize(
     "name, method",
-    [("sgnht", "loop"), *[pytest.param(n, m, marks=_SLOW) for n, m in
-                          [("sgnht", "vectorized"), ("mccadl", "loop"), ("mccadl", "vectorized"),
-                           ("tact_hmc", "loop"), ("tact_hmc", "vectorized")]]],
+    [("sgnht", "loop"), ("ccadl", "loop"), *[pytest.param(n, m, marks=_SLOW) for n, m in
+                                             [("sgnht", "vectorized"), ("mccadl", "loop"),
+                                              ("tact_hmc", "loop"), ("tact_hmc", "vectorized")]]],
 )
 def test_each_chain_of_a_shared_batch_run_is_the_one_chain_run_with_its_seed_and_start(name, method):
     x, y = _data()
@@ -124,8 +124,19 @@ def test_split_batches_give_each_chain_its_own_part():
         single.fit(parts, steps_per_epoch=6, epochs=1, verbose=0)
         for a, b in zip(model.chain_weights(k), single.chain_weights(0)):
             np.testing.assert_array_equal(a, b)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="does not split into 4 equal parts"):
-        model.fit(_batches(x, y, 6), steps_per_epoch=1, epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_a_batch_that_does_not_split_over_the_chains_stops_fit_and_moves_nothing(jit_compile):
+    x, y = _data()
+    model = _model(num_chains=2)
+    model.compile(loss="mse", jit_compile=jit_compile)
+    with pytest.raises(ValueError, match="batch_size` is 5 examples.*num_chains=2"):  # known up front
+        model.fit(x, y, batch_size=5, shuffle=False, epochs=1, verbose=0)
+    # A pipeline whose last batch is partial (unknown batch size up front): 63 = 7 * 8 + 7.
+    with pytest.raises(ValueError, match="a batch of 7 examples came.*num_chains=2"):
+        model.fit(tf.data.Dataset.from_tensor_slices((x[:63], y[:63])).batch(8), epochs=1, verbose=0)
+    assert model.sampler_step == 7  # the seven even batches applied, the odd one not
 
 
 @pytest.mark.slow
@@ -340,6 +351,12 @@ def test_save_load_and_resume_is_bit_exact_with_four_chains(name, tmp_path):
     for k in range(C):
         for u, v in zip(straight.chain_weights(k), restored.chain_weights(k)):
             np.testing.assert_array_equal(u, v)
+
+
+@pytest.mark.parametrize("name", ["ccadl", "mccadl"])
+def test_vectorized_chains_are_refused_for_samplers_with_per_example_statistics(name):
+    with pytest.raises(ValueError, match="chain_method.*'vectorized'.*per-example"):
+        _model(SAMPLERS[name](), chain_method="vectorized")
 
 
 def test_state_has_a_chain_axis_and_one_step_counter():

@@ -82,8 +82,9 @@ def test_the_reference_comparison_sees_a_one_ulp_change():
 if __name__ == "__main__":
     import sys
 
-    cases = CASES if len(sys.argv) < 2 else [c for c in CASES if c[0] in sys.argv[1:]]
-    results = {}
+    # `python -m tests.test_step_reference [NAME_cC ...]`: (re)stores those cases, keeps the others.
+    cases = CASES if len(sys.argv) < 2 else [c for c in CASES if _key(*c) in sys.argv[1:]]
+    results = dict(np.load(REFERENCE)) if REFERENCE.exists() and len(sys.argv) > 1 else {}
     for name, chains in cases:
         try:
             for key, value in run(name, chains).items():

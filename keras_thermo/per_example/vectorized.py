@@ -88,7 +88,7 @@ eq. (19).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import keras
 import tensorflow as tf
@@ -117,6 +117,7 @@ def per_example_gradients(
     *,
     fallback_to_while_loop: bool = False,
     loss_scale: float = 1.0,
+    wrt: Sequence[tf.Tensor] | None = None,
 ) -> tf.Tensor:
     """Gradients of the per-example losses, one row per example.
 
@@ -146,6 +147,10 @@ def per_example_gradients(
             sequential loop over the examples (same numbers, slower).
         loss_scale: factor of every example's loss (compile's single-output
             ``loss_weights``), so that the rows stay gradients of the batch loss.
+        wrt: tensors standing for ``model.trainable_variables`` (same order
+            and shapes) when the model runs under a ``keras.StatelessScope``
+            that maps its variables to them (the gradients are taken with
+            respect to these); None: the variables themselves.
 
     Returns:
         ``G``, a tensor of shape ``[n, Nd]`` in the dtype of the variables.
@@ -172,7 +177,7 @@ def per_example_gradients(
     """
     check_per_example_compatible(model)
     loss_fn = resolve_loss(loss_fn)
-    variables = list(model.trainable_variables)
+    variables = list(model.trainable_variables) if wrt is None else list(wrt)
     if not variables:
         raise ValueError(
             f"per_example_gradients: model '{model.name}' has no trainable "
@@ -187,6 +192,8 @@ def per_example_gradients(
         x_i, y_i = as_batch_of_one(example[:2])
         weight_i = as_batch_of_one(example[2]) if len(example) == 3 else None
         with tf.GradientTape() as tape:
+            if wrt is not None:
+                tape.watch(variables)
             y_pred = model(x_i, training=True)
             for output in tf.nest.flatten(y_pred):
                 # Keras keeps an output's mask on this attribute (TF backend).

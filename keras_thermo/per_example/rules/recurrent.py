@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import keras
 import tensorflow as tf
-from keras.src import backend as keras_backend
 
 from keras_thermo.per_example import engine
 from keras_thermo.per_example.blocks import ExplicitBlock, explicit_gradients, factor_or_explicit
@@ -41,6 +40,33 @@ from keras_thermo.per_example.blocks import ExplicitBlock, explicit_gradients, f
 
 def _is_lstm(layer) -> bool:
     return isinstance(layer, keras.layers.LSTM)
+
+
+def _recurrence(step, inputs, initial_state, *, width, go_backwards=False, mask=None, zero_output_for_mask=False):
+    """`(last output, outputs [n, T, width], final states)` of `step(inputs_t, states)` run over
+    the time axis of `inputs` `[n, T, d]`, as Keras' recurrent layers run their cell: in reverse
+    time order when `go_backwards` (outputs then in processing order), and where `mask` `[n, T]`
+    is False an example keeps its states and repeats its previous output (or outputs zeros)."""
+    dtype = inputs.dtype
+    steps = tf.transpose(inputs, [1, 0, 2])  # time-major
+    n = tf.shape(inputs)[0]
+    keep = tf.ones([tf.shape(steps)[0], n], tf.bool) if mask is None else tf.transpose(tf.cast(mask, tf.bool))
+    if go_backwards:
+        steps, keep = tf.reverse(steps, [0]), tf.reverse(keep, [0])
+
+    def advance(carry, elements):
+        previous, states = carry
+        inputs_t, keep_t = elements
+        output, new_states = step(inputs_t, list(states))
+        if mask is not None:
+            kept = keep_t[:, None]
+            new_states = [tf.where(kept, new, old) for new, old in zip(new_states, states)]
+            output = tf.where(kept, output, tf.zeros_like(output) if zero_output_for_mask else previous)
+        return output, list(new_states)
+
+    outputs, states = tf.scan(advance, (steps, keep), initializer=(tf.zeros([n, width], dtype), list(initial_state)))
+    final_states = [s[-1] for s in states]
+    return outputs[-1], tf.transpose(outputs, [1, 0, 2]), final_states
 
 
 class RecurrentRule(engine.LayerRule):
@@ -102,10 +128,9 @@ class RecurrentRule(engine.LayerRule):
             h = update * h_prev + (1.0 - update) * candidate
             return tf.concat([h, h_prev, extra], axis=-1), [h]
 
-        last, outputs, states = keras_backend.rnn(
-            step, xw, initial_state, go_backwards=layer.go_backwards, mask=mask, unroll=layer.unroll,
-            input_length=sequences.shape[1], zero_output_for_mask=layer.zero_output_for_mask,
-            return_all_outputs=True,
+        last, outputs, states = _recurrence(
+            step, xw, initial_state, width=(2 if _is_lstm(layer) else 3) * units,
+            go_backwards=layer.go_backwards, mask=mask, zero_output_for_mask=layer.zero_output_for_mask,
         )
         recorded = tf.reverse(outputs, [1]) if layer.go_backwards else outputs  # to xw's time order
         call.save("previous", recorded[..., units: 2 * units])

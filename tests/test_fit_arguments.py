@@ -1,0 +1,96 @@
+"""Keras' own `fit` arguments with a BayesianModel: what changes the sampled target is refused or
+said in plain words, and what Keras users rely on (`validation_split` with the default shuffle)
+works."""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import re
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+import keras_thermo as kt
+
+ROWS = 50
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(ROWS, 3)).astype("float32")
+    return x, rng.integers(0, 2, size=ROWS)
+
+
+def _model(num_examples=ROWS, sampler=None, layers=()):
+    keras.utils.set_random_seed(0)
+    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), *layers, keras.layers.Dense(2)])
+    model = kt.BayesianModel(net, sampler or kt.samplers.SGHMC(1e-3), num_examples=num_examples, seed=0)
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _fit_warnings(model, *args, **kwargs) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(*args, verbose=0, **kwargs)
+    return [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+
+
+def test_validation_split_with_the_default_shuffle_trains_on_the_first_rows():
+    x, y = _data()
+    model = _model(num_examples=40)
+    found = _fit_warnings(model, x, y, batch_size=10, epochs=1, validation_split=0.2)
+    assert not [w for w in found if "num_examples" in w]  # 40 = the rows it trains on
+    history = model.fit(x, y, batch_size=10, epochs=1, validation_split=0.2, verbose=0)
+    assert "val_loss" in history.history and model.sampler_step == 8  # 2 epochs of 4 steps
+
+
+def test_num_examples_that_disagrees_with_the_training_rows_warns_with_the_factor():
+    x, y = _data()
+    found = _fit_warnings(_model(num_examples=ROWS), x, y, batch_size=10, epochs=1, validation_split=0.2)
+    assert any("num_examples=50" in w and "trains on 40" in w and "1.25 times" in w for w in found), found
+    found = _fit_warnings(_model(num_examples=2 * ROWS), x, y, batch_size=10, epochs=1)
+    assert any("2 times" in w for w in found), found
+
+
+def test_num_examples_none_takes_the_training_rows():
+    x, y = _data()
+    model = _model(num_examples=None)
+    with pytest.raises(ValueError, match="num_examples"):
+        _ = model.likelihood_weight
+    model.fit(x, y, batch_size=10, epochs=1, validation_split=0.2, verbose=0)
+    assert model.num_examples == 40 and model.get_config()["num_examples"] == 40
+
+
+def test_class_weight_warns_that_the_target_is_reweighted():
+    x, y = _data()
+    found = _fit_warnings(_model(), x, y, batch_size=10, epochs=1, class_weight={0: 1.0, 1: 3.0})
+    assert any("class_weight" in w and "not the Bayes posterior" in w for w in found), found
+
+
+def test_early_stopping_that_restores_weights_warns_that_it_breaks_the_chain():
+    x, y = _data()
+    stop = keras.callbacks.EarlyStopping(monitor="loss", restore_best_weights=True)
+    found = _fit_warnings(_model(), x, y, batch_size=10, epochs=1, callbacks=[stop])
+    assert any("restore_best_weights=True" in w and "broken chain" in w for w in found), found
+    plain = keras.callbacks.EarlyStopping(monitor="loss")
+    assert not _fit_warnings(_model(), x, y, batch_size=10, epochs=1, callbacks=[plain])
+
+
+def test_dropout_with_ccadl_is_refused_without_naming_a_fallback(caplog):
+    x, y = _data()
+    model = _model(sampler=kt.samplers.CCAdL(1e-3), layers=[keras.layers.Dropout(0.5)])
+    with caplog.at_level(logging.WARNING, logger="keras_thermo"):
+        with pytest.raises(ValueError, match="layer 'dropout'.*Dropout \\(rate=0.5\\)"):
+            model.fit(x, y, batch_size=10, epochs=1, verbose=0)
+    assert "vectorized_map" not in caplog.text
+
+
+def test_the_package_imports_no_private_keras_module():
+    package = pathlib.Path(kt.__file__).parent
+    private = re.compile(r"^\s*(from|import)\s+keras\.src\b|keras\.src\.", re.MULTILINE)
+    found = [str(path.relative_to(package)) for path in package.rglob("*.py") if private.search(path.read_text())]
+    assert not found, f"private keras.src imports in {found}"
