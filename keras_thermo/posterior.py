@@ -23,13 +23,14 @@ information between label and parameters (epistemic uncertainty; see
 
 Predictions at a sample are computed without touching the model's variables: the flattened
 sample is split into tensors shaped like `model.trainable_variables` and substituted for them
-inside a `keras.StatelessScope`, so the sampler's current position is never disturbed.
-Memory is one `[n, K]` and one `[n]` running sum, however many samples there are.
+inside a `keras.StatelessScope`, so the sampler's current position is never disturbed. The
+compiled forward pass is built once per model and reused by every later call. Memory is one `[n, K]` and one `[n]` running sum, however many samples there are.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any, Iterable, Iterator, NamedTuple
 
 import keras
@@ -131,6 +132,34 @@ class _EvaluationData:
             yield x, None if self.y is None else self.y[start:end]
 
 
+# --------------------------------------------------------------------------------------------
+# Forward passes at stored parameter vectors
+
+# One compiled forward function per model, `(variables, function)`, reused by every later
+# prediction: a new tf.function per call would trace again on each (and TensorFlow warns).
+_BATCH_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _batch_function(model: keras.Model, variables: list) -> Any:
+    """The compiled `(vector, x) -> outputs` of `model` with `variables` set from `vector`."""
+    cached = _BATCH_FUNCTIONS.get(model)
+    if cached is not None and len(cached[0]) == len(variables) and all(
+        a is b for a, b in zip(cached[0], variables)
+    ):
+        return cached[1]
+    model_ref = weakref.ref(model)  # the cache must not keep the model alive
+
+    def batch_outputs(vector: tf.Tensor, x: Any) -> tf.Tensor:
+        values = kt_grads.unflatten(vector, variables)
+        mapping = [(v, tf.cast(value, v.dtype)) for v, value in zip(variables, values)]
+        with keras.StatelessScope(state_mapping=mapping):
+            return tf.cast(model_ref()(x, training=False), tf.float32)
+
+    function = tf.function(batch_outputs, reduce_retracing=True)
+    _BATCH_FUNCTIONS[model] = (variables, function)
+    return function
+
+
 class _SamplePredictor:
     """Outputs of `model` on `data` at a flattened parameter vector, variables untouched."""
 
@@ -144,13 +173,7 @@ class _SamplePredictor:
         self.outputs = outputs
         self.variables = list(model.trainable_variables)
         self.num_params = num_scalars(self.variables)
-        self._predict_batch = tf.function(self._batch_outputs, reduce_retracing=True)
-
-    def _batch_outputs(self, vector: tf.Tensor, x: Any) -> tf.Tensor:
-        values = kt_grads.unflatten(vector, self.variables)
-        mapping = [(v, tf.cast(value, v.dtype)) for v, value in zip(self.variables, values)]
-        with keras.StatelessScope(state_mapping=mapping):
-            return tf.cast(self.model(x, training=False), tf.float32)
+        self._predict_batch = _batch_function(model, self.variables)
 
     def check_vector(self, vector: Any, where: str) -> np.ndarray:
         vector = np.asarray(vector, dtype=np.float32)
