@@ -349,13 +349,13 @@ def summary(
       normal number (`PROBABILITY_FLOOR`, 2.2e-308) count as equal to it.
 
     Scalars that never change (every draw of every chain equal, e.g. a probability saturated
-    at exactly 1, or below `PROBABILITY_FLOOR`) have no R-hat or ESS: both are 0/0. They are counted in `num_constant`
-    and left out rather than given R-hat 1: a scalar that never moves says nothing about
-    mixing, and counting it as converged would pull the median and quantiles towards 1 and
-    hide the scalars that do move. Scalars that do move, however little, get their
-    statistics: both are computed on each scalar's draws standardised (see the module
-    docstring), where squares cannot underflow. A statistic that is still NaN is left out of
-    the figures and counted in `num_undefined`.
+    at exactly 1, or below `PROBABILITY_FLOOR`) have no R-hat or ESS: both are 0/0. They are
+    counted in `num_constant` and left out rather than given R-hat 1: a scalar that never
+    moves says nothing about mixing, and counting it as converged would pull the median and
+    quantiles towards 1 and hide the scalars that do move. Scalars that do move, however
+    little, get their statistics: both are computed on each scalar's draws standardised (see
+    the module docstring), where squares cannot underflow. A statistic that is still NaN is
+    left out of the figures and counted in `num_undefined`.
 
     R-hat is TFP's statistic, a ratio of variances (see `potential_scale_reduction`): the
     default threshold 1.02 is about the `1.01` that Vehtari et al. (2021) recommend for its

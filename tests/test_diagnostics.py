@@ -251,8 +251,8 @@ def test_rhat_and_ess_do_not_underflow_on_tiny_draws():
     # underflow) give the figures of the unscaled draws, not 0/0.
     chains = np.random.default_rng(20).normal(size=(4, 50, 3)) + [[[0.0]], [[0.0]], [[0.0]], [[1.0]]]
     for scale in (1e-170, 1e-300, 1e300):
-        np.testing.assert_allclose(potential_scale_reduction(scale * chains), potential_scale_reduction(chains), rtol=1e-9)
-        np.testing.assert_allclose(effective_sample_size(scale * chains), effective_sample_size(chains), rtol=1e-9)
+        for statistic in (potential_scale_reduction, effective_sample_size):
+            np.testing.assert_allclose(statistic(scale * chains), statistic(chains), rtol=1e-9)
     assert np.isnan(potential_scale_reduction(np.full((2, 10), 1e-200)))  # constant: 0/0
 
 
