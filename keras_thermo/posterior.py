@@ -165,7 +165,10 @@ def _from_logits(loss: Any) -> bool | None:
     if isinstance(loss, keras.losses.Loss):
         value = getattr(loss, "from_logits", None)
         if value is None:
-            value = loss.get_config().get("from_logits")
+            try:
+                value = loss.get_config().get("from_logits")
+            except (NotImplementedError, TypeError, ValueError):  # a custom loss's config
+                return None
     elif callable(loss):
         try:
             parameter = inspect.signature(loss).parameters.get("from_logits")
