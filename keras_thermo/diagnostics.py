@@ -7,12 +7,17 @@ TFP's. What this module adds is one array convention and input checks:
   `SampleCollector.samples`);
 - several chains are `[C, S, D]` (or `[C, S]`): chain axis first, then draws, then scalars.
 
-Computation is in float64. `summary` condenses both statistics over every parameter of a
-network (and over the predictive probabilities of a held-out batch) into a few numbers.
+Computation is in float64, on each scalar's draws shifted by their mean and divided by their
+largest deviation: both statistics are ratios of (co)variances, unchanged by that affine map,
+while the squared deviations of raw draws below ~1e-154 underflow to 0 and would give 0/0.
+`summary` condenses both statistics over every parameter of a network (and over the
+predictive log-probabilities of a held-out batch) into a few numbers.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from typing import Any, Sequence
 
@@ -27,6 +32,47 @@ from keras_thermo.metrics import ROW_SUM_TOLERANCE
 # ([C, S, block]), so the memory of a million-weight chain stays bounded (TFP's FFT-based ESS
 # holds a few padded complex copies of its input).
 SUMMARY_BLOCK_ELEMENTS = 2**22
+
+
+# `summary` takes the R-hat and ESS of predictive probabilities on the log scale, with
+# probabilities below float64's smallest normal number (which keep fewer significant digits,
+# down to none at 0) counted as equal to it: log(2.2e-308) = -708.4.
+PROBABILITY_FLOOR = float(np.finfo(np.float64).tiny)
+
+
+def _standardized(array: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """Each scalar's draws (reduced over `axes`) centred and divided by their largest deviation.
+
+    R-hat and ESS are invariant under `x -> (x - a) / b`, so this changes neither; it keeps
+    their variances O(1), where the squares of deviations below ~1e-154 underflow to 0. A
+    constant scalar stays all zeros (its statistics remain 0/0 = NaN). Scaling by the largest
+    magnitude first keeps the mean of huge draws from overflowing.
+    """
+    peak = np.max(np.abs(array), axis=axes, keepdims=True)
+    array = array / np.where(peak > 0, peak, 1.0)
+    centred = array - np.mean(array, axis=axes, keepdims=True)
+    spread = np.max(np.abs(centred), axis=axes, keepdims=True)
+    return centred / np.where(spread > 0, spread, 1.0)
+
+
+class _ComplexCastFilter(logging.Filter):
+    """Drops TensorFlow's warning about TFP's deliberate cast of its FFT result back to real."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "casting an input of type complex" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_complex_cast():
+    # TFP's auto-correlation takes the real part of a complex FFT with `tf.cast`, which logs a
+    # warning on every eager call; the discarded imaginary part is zero by construction.
+    logger = tf.get_logger()
+    record_filter = _ComplexCastFilter()
+    logger.addFilter(record_filter)
+    try:
+        yield
+    finally:
+        logger.removeFilter(record_filter)
 
 
 def _as_float64_array(
@@ -65,7 +111,8 @@ def effective_sample_size(
         filter_beyond_positive_pairs: Truncation rule, see above.
 
     Returns:
-        `[D]` (or `[C, D]`) effective sample sizes; a float for `[S]` input.
+        `[D]` (or `[C, D]`) effective sample sizes; a float for `[S]` input. NaN for a scalar
+        whose draws are all equal.
 
     Example:
         >>> rng = np.random.default_rng(0)
@@ -86,17 +133,19 @@ def effective_sample_size(
         raise ValueError(
             f"`samples` needs at least 2 draws along axis {sample_axis}, got shape {array.shape}."
         )
+    standard = _standardized(array, (0, 1) if array.ndim == 3 else (0,))
     if array.ndim == 3:
         # TFP wants draws on axis 0: [C, S, D] -> [S, C, D].
-        states = np.transpose(array, (1, 0, 2))
+        states = np.transpose(standard, (1, 0, 2))
         cross_chain_dims = 1 if combine_chains and array.shape[0] >= 2 else None
     else:
-        states, cross_chain_dims = array, None
-    ess = tfp.mcmc.effective_sample_size(
-        tf.constant(states),
-        filter_beyond_positive_pairs=filter_beyond_positive_pairs,
-        cross_chain_dims=cross_chain_dims,
-    ).numpy()
+        states, cross_chain_dims = standard, None
+    with _quiet_complex_cast():
+        ess = tfp.mcmc.effective_sample_size(
+            tf.constant(states),
+            filter_beyond_positive_pairs=filter_beyond_positive_pairs,
+            cross_chain_dims=cross_chain_dims,
+        ).numpy()
     if array.ndim == 3 and cross_chain_dims is None and combine_chains:
         ess = ess[0]  # A single chain given as [1, S, D].
     return float(ess) if array.ndim == 1 else ess
@@ -122,7 +171,8 @@ def potential_scale_reduction(chains: Any, *, split_chains: bool = True) -> np.n
             drifts within itself. Needs S >= 4.
 
     Returns:
-        `[D]` R-hat values (`[]`-shaped array for `[C, S]` input).
+        `[D]` R-hat values (`[]`-shaped array for `[C, S]` input). NaN for a scalar whose
+        draws are all equal (0/0), inf for one constant within each chain but not across.
 
     Example:
         >>> rng = np.random.default_rng(0)
@@ -143,7 +193,7 @@ def potential_scale_reduction(chains: Any, *, split_chains: bool = True) -> np.n
             f"`chains` needs at least {min_draws} draws along axis 1 "
             f"(split_chains={split_chains}), got shape {array.shape}."
         )
-    states = np.swapaxes(array, 0, 1)  # [C, S, ...] -> [S, C, ...]
+    states = np.swapaxes(_standardized(array, (0, 1)), 0, 1)  # [C, S, ...] -> [S, C, ...]
     return tfp.mcmc.potential_scale_reduction(
         tf.constant(states), independent_chain_ndims=1, split_chains=split_chains
     ).numpy()
@@ -179,8 +229,9 @@ def _load_chains(name: str, value: Any, layout: str, ndim: int):
 def _column_statistics(name: str, chains: Any, split_chains: bool, probabilities: bool):
     """(R-hat [D], ESS [D], constant [D]) of `[C, S, D]` chains, computed by blocks of columns.
 
-    A column whose every draw of every chain is equal has no R-hat or ESS (0/0); it is flagged
-    in `constant` and its statistics are NaN.
+    Probabilities are taken on the log scale, `log max(p, PROBABILITY_FLOOR)`. A column whose
+    every draw of every chain is equal (after that map) has no R-hat or ESS (0/0); it is
+    flagged in `constant` and its statistics are NaN.
     """
     num_chains, num_draws, num_columns = chains.shape
     min_draws = 4 if split_chains else 2
@@ -204,6 +255,8 @@ def _column_statistics(name: str, chains: Any, split_chains: bool, probabilities
                 f"`{name}` must hold probabilities in [0, 1], got values in "
                 f"[{chunk.min():g}, {chunk.max():g}] (pass probabilities, not logits)."
             )
+        if probabilities:
+            chunk = np.log(np.maximum(chunk, PROBABILITY_FLOOR))
         constant[low:high] = np.all(chunk == chunk[:1, :1], axis=(0, 1))
         rhat[low:high] = potential_scale_reduction(chunk, split_chains=split_chains)
         ess[low:high] = effective_sample_size(chunk)
@@ -217,15 +270,21 @@ def _quantile_name(q: float) -> str:
 
 
 def _describe(values: np.ndarray, defined: np.ndarray, worst: str, quantiles, index_shape) -> dict:
-    """Worst value (and where), median and quantiles over the `defined` entries.
+    """Worst value (and where), median and quantiles over the `defined` entries that are not NaN.
 
-    Quantiles are order statistics (numpy's "inverted_cdf"), not interpolations, so an infinite
-    R-hat (chains constant within themselves but apart) is reported as inf, never as NaN.
+    A NaN outside the constant scalars (a statistic TFP could not form) is left out and counted
+    in `num_undefined`, so one such scalar cannot turn the worst value, the median and every
+    quantile into NaN. Quantiles are order statistics (numpy's "inverted_cdf"), not
+    interpolations, so an infinite R-hat (chains constant within themselves but apart) is
+    reported as inf, never as NaN.
     """
+    undefined = defined & np.isnan(values)
+    defined = defined & ~undefined
     if not np.any(defined):
         nan = float("nan")
         return {"worst": nan, "worst_index": None, "median": nan,
-                "quantiles": {_quantile_name(q): nan for q in quantiles}}
+                "quantiles": {_quantile_name(q): nan for q in quantiles},
+                "num_undefined": int(undefined.sum())}
     masked = np.where(defined, values, -np.inf if worst == "max" else np.inf)
     flat_index = int(np.argmax(masked) if worst == "max" else np.argmin(masked))
     index = np.unravel_index(flat_index, index_shape)
@@ -236,6 +295,7 @@ def _describe(values: np.ndarray, defined: np.ndarray, worst: str, quantiles, in
         "worst_index": int(index[0]) if len(index) == 1 else [int(i) for i in index],
         "median": float(levels[0]),
         "quantiles": {_quantile_name(q): float(v) for q, v in zip(quantiles, levels[1:])},
+        "num_undefined": int(undefined.sum()),
     }
 
 
@@ -246,8 +306,9 @@ def _section(name, chains, index_shape, split_chains, quantiles, rhat_threshold,
     defined = ~constant
     rhat_summary = _describe(rhat, defined, "max", quantiles, index_shape)
     rhat_summary["threshold"] = rhat_threshold
+    counted = defined & ~np.isnan(rhat)
     rhat_summary["fraction_above_threshold"] = (
-        float(np.mean(rhat[defined] > rhat_threshold)) if np.any(defined) else float("nan")
+        float(np.mean(rhat[counted] > rhat_threshold)) if np.any(counted) else float("nan")
     )
     return {
         "num_chains": int(num_chains),
@@ -277,13 +338,24 @@ def summary(
       weights the per-parameter figures are many and each is noisy; the quantiles say how
       much of the network has mixed.
     - `probs`, `[C, S, n, K]`: each sample's predictive probabilities on a held-out batch
-      (`keras_thermo.posterior.predict_samples`): one R-hat per (example, class). Weights
-      are not identifiable (permuting hidden units leaves the net's function unchanged), so
-      chains may disagree on weights and still agree on predictions; this R-hat is the
-      convergence figure that decides whether posterior averages can be trusted.
+      (`keras_thermo.posterior.predict_samples`): one R-hat per (example, class), of the
+      log-probability `log p`. Weights are not identifiable (permuting hidden units leaves
+      the net's function unchanged), so chains may disagree on weights and still agree on
+      predictions; this R-hat is the convergence figure that decides whether posterior
+      averages can be trusted. The log scale (of a confident net's probabilities, roughly
+      its logit gaps) keeps what a probability of 1e-200 says: on the probability scale such
+      columns are heavy-tailed, dominated by their largest draws, and chains whose logits
+      sit 20 nats apart barely move their R-hat. Probabilities below float64's smallest
+      normal number (`PROBABILITY_FLOOR`, 2.2e-308) count as equal to it.
 
     Scalars that never change (every draw of every chain equal, e.g. a probability saturated
-    at 1) have no R-hat or ESS; they are counted in `num_constant` and left out.
+    at exactly 1, or below `PROBABILITY_FLOOR`) have no R-hat or ESS: both are 0/0. They are
+    counted in `num_constant` and left out rather than given R-hat 1: a scalar that never
+    moves says nothing about mixing, and counting it as converged would pull the median and
+    quantiles towards 1 and hide the scalars that do move. Scalars that do move, however
+    little, get their statistics: both are computed on each scalar's draws standardised (see
+    the module docstring), where squares cannot underflow. A statistic that is still NaN is
+    left out of the figures and counted in `num_undefined`.
 
     R-hat is TFP's statistic, a ratio of variances (see `potential_scale_reduction`): the
     default threshold 1.02 is about the `1.01` that Vehtari et al. (2021) recommend for its
@@ -304,9 +376,11 @@ def summary(
         A JSON-ready dict with a `"parameters"` entry (from `samples`) and/or a `"predictive"`
         entry (from `probs`), each `{"num_chains", "num_draws", "num_constant", "rhat", "ess"}`
         (the predictive one also `"num_examples"`, `"num_classes"`); `"rhat"` and `"ess"` are
-        `{"worst", "worst_index", "median", "quantiles": {"q1": ..., ...}}` (worst: largest
-        R-hat, smallest ESS; the index is a parameter index, or `[example, class]`), and
-        `"rhat"` also has `"threshold"` and `"fraction_above_threshold"`.
+        `{"worst", "worst_index", "median", "quantiles": {"q1": ..., ...}, "num_undefined"}`
+        (worst: largest R-hat, smallest ESS; the index is a parameter index, or
+        `[example, class]`; `num_undefined`: non-constant scalars whose statistic is NaN, left
+        out of the figures), and `"rhat"` also has `"threshold"` and
+        `"fraction_above_threshold"` (over the scalars with an R-hat).
 
     Example:
         >>> rng = np.random.default_rng(0)

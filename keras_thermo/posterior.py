@@ -21,15 +21,27 @@ give per example the predictive entropy, the expected entropy and their differen
 information between label and parameters (epistemic uncertainty; see
 `keras_thermo.metrics.PredictiveMixture`).
 
+What the model returns, logits or probabilities (`outputs`), is read from the model when not
+given: from the compiled loss's `from_logits` (Keras' crossentropy losses, as objects, functions
+or names such as `"sparse_categorical_crossentropy"`, whose default is `from_logits=False`) and
+from the activation of the net's last layer (softmax or sigmoid: probabilities; linear or
+log-softmax: logits). Hints that contradict each other, or none at all, are refused with what
+to set; an explicit `outputs` wins, with a warning if a hint contradicts it. A single output
+column is binary: a logit, or the probability of class 1 (a one-unit sigmoid layer).
+
 Predictions at a sample are computed without touching the model's variables: the flattened
 sample is split into tensors shaped like `model.trainable_variables` and substituted for them
-inside a `keras.StatelessScope`, so the sampler's current position is never disturbed.
-Memory is one `[n, K]` and one `[n]` running sum, however many samples there are.
+inside a `keras.StatelessScope`, so the sampler's current position is never disturbed. The
+compiled forward pass is built once per model and reused by every later call. Memory is one
+`[n, K]` and one `[n]` running sum, however many samples there are.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
+import warnings
+import weakref
 from typing import Any, Iterable, Iterator, NamedTuple
 
 import keras
@@ -44,6 +56,14 @@ from keras_thermo.samplers.base import num_scalars
 
 OUTPUTS = ("logits", "probabilities")
 WEIGHTINGS = ("uniform", "step_size")
+
+# What a last layer's activation says the net returns.
+_ACTIVATION_OUTPUTS = {
+    "softmax": "probabilities",
+    "sigmoid": "probabilities",
+    "linear": "logits",
+    "log_softmax": "logits",
+}
 
 # The metric names `PosteriorAverage` writes into the epoch logs, keyed by `result()` names.
 LOG_NAMES = {
@@ -131,26 +151,183 @@ class _EvaluationData:
             yield x, None if self.y is None else self.y[start:end]
 
 
-class _SamplePredictor:
-    """Outputs of `model` on `data` at a flattened parameter vector, variables untouched."""
+# --------------------------------------------------------------------------------------------
+# What the model returns: logits or probabilities
 
-    def __init__(self, model: keras.Model, outputs: str):
+
+def _from_logits(loss: Any) -> bool | None:
+    """The `from_logits` of a Keras loss (object, function or name), None if it has none."""
+    if isinstance(loss, str):
+        try:
+            loss = keras.losses.get(loss)
+        except (ValueError, TypeError):
+            return None
+    if isinstance(loss, keras.losses.Loss):
+        value = getattr(loss, "from_logits", None)
+        if value is None:
+            try:
+                value = loss.get_config().get("from_logits")
+            except (NotImplementedError, TypeError, ValueError):  # a custom loss's config
+                return None
+    elif callable(loss):
+        try:
+            parameter = inspect.signature(loss).parameters.get("from_logits")
+        except (TypeError, ValueError):
+            return None
+        value = None if parameter is None else parameter.default
+    else:  # None, or one loss per output
+        return None
+    return value if isinstance(value, bool) else None
+
+
+def _loss_hint(model: keras.Model) -> tuple[str, str] | None:
+    """(kind, reason) from the compiled loss's `from_logits`, or None."""
+    loss = getattr(model, "loss", None)
+    from_logits = _from_logits(loss)
+    if from_logits is None:
+        return None
+    name = loss if isinstance(loss, str) else getattr(loss, "name", None) or type(loss).__name__
+    kind = "logits" if from_logits else "probabilities"
+    return kind, f"its compiled loss {name!r} has from_logits={from_logits} (reads {kind})"
+
+
+def _produces(layer: keras.layers.Layer, tensor: Any) -> bool:
+    try:
+        return layer.output is tensor
+    except (AttributeError, ValueError):  # not called, or called more than once
+        return False
+
+
+def _output_layer(model: keras.Model) -> keras.layers.Layer | None:
+    """The layer that computes `model`'s single output, inside nested models; None if unknown."""
+    seen = set()
+    while id(model) not in seen:
+        seen.add(id(model))
+        if isinstance(model, keras.Sequential):
+            layer = model.layers[-1] if model.layers else None
+        elif isinstance(getattr(model, "net", None), keras.Model):  # a BayesianModel's net
+            layer = model.net
+        else:
+            try:
+                outputs = model.outputs
+            except (AttributeError, ValueError):
+                outputs = None
+            if not outputs or len(outputs) != 1:
+                return None
+            layer = next((ly for ly in reversed(model.layers) if _produces(ly, outputs[0])), None)
+        if not isinstance(layer, keras.Model):
+            return layer
+        model = layer
+    return None
+
+
+def _activation_hint(model: keras.Model) -> tuple[str, str] | None:
+    """(kind, reason) from the activation of the net's last layer, or None."""
+    layer = _output_layer(model)
+    if layer is None:
+        return None
+    if isinstance(layer, keras.layers.Softmax):
+        return "probabilities", f"its last layer {layer.name!r} is a Softmax layer (probabilities)"
+    activation = getattr(layer, "activation", None)
+    for name, kind in _ACTIVATION_OUTPUTS.items():
+        if activation is not None and activation is keras.activations.get(name):
+            return kind, f"its last layer {layer.name!r} has activation {name!r} ({kind})"
+    return None
+
+
+def _resolve_outputs(model: keras.Model, outputs: str | None) -> str:
+    """`outputs` if given (warning on contradicting hints), else what the model's hints agree on."""
+    hints = [hint for hint in (_loss_hint(model), _activation_hint(model)) if hint is not None]
+    if outputs is not None:
+        outputs = check_choice("outputs", outputs, OUTPUTS)
+        against = [reason for kind, reason in hints if kind != outputs]
+        if against:
+            warnings.warn(
+                f"`outputs={outputs!r}` is used as given, but for `model` {model.name!r} "
+                f"{' and '.join(against)}; check which the model returns.",
+                UserWarning,
+                stacklevel=4,
+            )
+        return outputs
+    kinds = {kind for kind, _ in hints}
+    if len(kinds) == 1:
+        return kinds.pop()
+    if kinds:
+        reasons = " but ".join(reason for _, reason in hints)
+        raise ValueError(
+            f"Cannot tell what `model` {model.name!r} returns: {reasons}. Pass "
+            "outputs='logits' or outputs='probabilities'."
+        )
+    raise ValueError(
+        f"Cannot tell whether `model` {model.name!r} returns logits or probabilities: it has no "
+        "compiled crossentropy loss with `from_logits`, and its last layer has no softmax, "
+        "sigmoid, linear or log_softmax activation. Pass outputs='logits' or "
+        "outputs='probabilities'."
+    )
+
+
+def _probabilities(outputs: np.ndarray, kind: str) -> np.ndarray:
+    """`[n, K]` float64 probabilities of one sample's outputs; one column is binary (class 1)."""
+    if kind == "logits":
+        return kt_metrics.probabilities_from_logits(outputs)
+    probs = np.asarray(outputs, np.float64)
+    if probs.shape[1] == 1:
+        probs = np.concatenate([1.0 - probs, probs], axis=1)
+    return probs
+
+
+def _update(averager: kt_metrics.PredictiveMixture, outputs: np.ndarray, kind: str, weight: float) -> None:
+    if kind == "logits":
+        averager.update(logits=outputs, weight=weight)  # exact log losses from logits
+    else:
+        averager.update(probs=_probabilities(outputs, kind), weight=weight)
+
+
+# --------------------------------------------------------------------------------------------
+# Forward passes at stored parameter vectors
+
+# One compiled forward function per model, `(variables, function)`, reused by every later
+# prediction: a new tf.function per call would trace again on each (and TensorFlow warns).
+_BATCH_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _batch_function(model: keras.Model, variables: list) -> Any:
+    """The compiled `(vector, x) -> outputs` of `model` with `variables` set from `vector`."""
+    cached = _BATCH_FUNCTIONS.get(model)
+    if cached is not None and len(cached[0]) == len(variables) and all(
+        a is b for a, b in zip(cached[0], variables)
+    ):
+        return cached[1]
+    model_ref = weakref.ref(model)  # the cache must not keep the model alive
+
+    def batch_outputs(vector: tf.Tensor, x: Any) -> tf.Tensor:
+        values = kt_grads.unflatten(vector, variables)
+        mapping = [(v, tf.cast(value, v.dtype)) for v, value in zip(variables, values)]
+        with keras.StatelessScope(state_mapping=mapping):
+            return tf.cast(model_ref()(x, training=False), tf.float32)
+
+    function = tf.function(batch_outputs, reduce_retracing=True)
+    _BATCH_FUNCTIONS[model] = (variables, function)
+    return function
+
+
+class _SamplePredictor:
+    """Outputs of `model` on `data` at a flattened parameter vector, variables untouched.
+
+    `outputs` is what the caller said the model returns (None: read from the model).
+    """
+
+    def __init__(self, model: keras.Model, outputs: str | None):
         if not model.built or not model.trainable_variables:
             raise ValueError(
                 f"`model` {model.name!r} must be built and have trainable weights before "
                 "posterior predictions (fit it, or call it on a batch first)."
             )
         self.model = model
-        self.outputs = outputs
+        self.outputs = _resolve_outputs(model, outputs)
         self.variables = list(model.trainable_variables)
         self.num_params = num_scalars(self.variables)
-        self._predict_batch = tf.function(self._batch_outputs, reduce_retracing=True)
-
-    def _batch_outputs(self, vector: tf.Tensor, x: Any) -> tf.Tensor:
-        values = kt_grads.unflatten(vector, self.variables)
-        mapping = [(v, tf.cast(value, v.dtype)) for v, value in zip(self.variables, values)]
-        with keras.StatelessScope(state_mapping=mapping):
-            return tf.cast(self.model(x, training=False), tf.float32)
+        self._predict_batch = _batch_function(model, self.variables)
 
     def check_vector(self, vector: Any, where: str) -> np.ndarray:
         vector = np.asarray(vector, dtype=np.float32)
@@ -179,13 +356,6 @@ class _SamplePredictor:
         if any(y is None for y in labels):
             return stacked, None
         return stacked, np.concatenate(labels, axis=0)
-
-
-def _update(averager: kt_metrics.PredictiveMixture, outputs: np.ndarray, kind: str, weight: float) -> None:
-    if kind == "logits":
-        averager.update(logits=outputs, weight=weight)
-    else:
-        averager.update(probs=outputs, weight=weight)
 
 
 def _empty_result() -> dict[str, float]:
@@ -234,8 +404,10 @@ class PosteriorAverage(RecordingCallback):
         weighting: `"uniform"`, or `"step_size"` to weight each sample by the step size of the
             step that produced it (`sampler.step_size_at(step - 1)`, the logged `step_size`),
             for SGLD with a decaying step size.
-        outputs: What the model returns: `"logits"` (default; a single column is a binary
-            logit) or `"probabilities"`.
+        outputs: What the model returns, `"logits"` or `"probabilities"` (a single column is
+            binary: a logit, or the probability of class 1); None (default) reads it from the
+            model's compiled loss and last activation, refusing when they disagree or say
+            nothing (see the module docstring).
         batch_size: Batch size for evaluating array `data`.
         num_bins: Confidence bins of the ECE.
 
@@ -273,7 +445,7 @@ class PosteriorAverage(RecordingCallback):
         every_n_steps: int = 1,
         *,
         weighting: str = "uniform",
-        outputs: str = "logits",
+        outputs: str | None = None,
         batch_size: int = 256,
         num_bins: int = 15,
     ):
@@ -285,7 +457,7 @@ class PosteriorAverage(RecordingCallback):
                 "accuracy and log loss; got inputs only."
             )
         self.weighting = check_choice("weighting", weighting, WEIGHTINGS)
-        self.outputs = check_choice("outputs", outputs, OUTPUTS)
+        self.outputs = None if outputs is None else check_choice("outputs", outputs, OUTPUTS)
         self.num_bins = check_int("num_bins", num_bins, low=1)
         self._predictor: _SamplePredictor | None = None
         self._averager: kt_metrics.PredictiveAverager | None = None
@@ -341,11 +513,11 @@ class PosteriorAverage(RecordingCallback):
         if self._averager is None:
             self._averager = kt_metrics.PredictiveAverager(self._labels, self.num_bins)
         weight = self._sample_weight(step)
-        _update(self._averager, outputs, self.outputs, weight)
+        _update(self._averager, outputs, self._predictor.outputs, weight)
         if chain is not None:
             while len(self._chain_averagers) <= chain:
                 self._chain_averagers.append(kt_metrics.PredictiveAverager(self._labels, self.num_bins))
-            _update(self._chain_averagers[chain], outputs, self.outputs, weight)
+            _update(self._chain_averagers[chain], outputs, self._predictor.outputs, weight)
 
     @property
     def num_samples(self) -> int:
@@ -469,15 +641,15 @@ def _sample_weights(weights: Any, source: _SampleSource) -> np.ndarray | None:
     return array
 
 
-def _stream(model, samples, data, weights, outputs, verbose) -> Iterator[tuple[np.ndarray, np.ndarray | None, float]]:
+def _stream(
+    predictor: _SamplePredictor, samples, data, weights, verbose
+) -> Iterator[tuple[np.ndarray, np.ndarray | None, float]]:
     """Yields (outputs [n, K], labels or None, weight) for each stored sample, with a progress bar.
 
     `samples` is a store as `predict_posterior` accepts, or a `_SampleSource` made from one.
     """
-    outputs = check_choice("outputs", outputs, OUTPUTS)
     source = samples if isinstance(samples, _SampleSource) else _sample_source(samples)
     weight_array = _sample_weights(weights, source)
-    predictor = _SamplePredictor(model, outputs)
     progress = keras.utils.Progbar(source.count, verbose=verbose, unit_name="sample")
     index = -1
     for index, vector in enumerate(source.vectors):
@@ -515,7 +687,7 @@ def predict_posterior(
     x: Any,
     *,
     weights: Any = None,
-    outputs: str = "logits",
+    outputs: str | None = None,
     batch_size: int = 256,
     return_uncertainty: bool = False,
     verbose: int = 1,
@@ -539,7 +711,10 @@ def predict_posterior(
             `(x, y)` batches (labels are ignored).
         weights: Optional non-negative weights (e.g. SGLD step sizes), `[S]`, or `[C, S]` or
             `[C * S]` for chains; default uniform.
-        outputs: What the model returns, `"logits"` or `"probabilities"`.
+        outputs: What the model returns, `"logits"` or `"probabilities"` (a single column is
+            binary: a logit, or the probability of class 1); None (default) reads it from the
+            model's compiled loss and last activation, refusing when they disagree or say
+            nothing (see the module docstring).
         batch_size: Batch size for array inputs.
         return_uncertainty: If True, return a `PosteriorPrediction` with the per-example
             predictive entropy, expected entropy and mutual information besides the
@@ -547,7 +722,8 @@ def predict_posterior(
         verbose: 1 shows a `keras.utils.Progbar` over the samples, 0 is silent.
 
     Returns:
-        `[n, K]` float64 averaged predictive probabilities (a binary logit gives `K = 2`), or a
+        `[n, K]` float64 averaged predictive probabilities (a single binary column gives
+        `K = 2`), or a
         `PosteriorPrediction` when `return_uncertainty=True`.
 
     Example:
@@ -566,9 +742,10 @@ def predict_posterior(
     """
     return_uncertainty = check_bool("return_uncertainty", return_uncertainty)
     data = _EvaluationData(x, batch_size, name="x")
+    predictor = _SamplePredictor(model, outputs)
     mixture = kt_metrics.PredictiveMixture()
-    for sample_outputs, _, weight in _stream(model, samples, data, weights, outputs, verbose):
-        _update(mixture, sample_outputs, outputs, weight)
+    for sample_outputs, _, weight in _stream(predictor, samples, data, weights, verbose):
+        _update(mixture, sample_outputs, predictor.outputs, weight)
     if not mixture.total_weight > 0:
         raise ValueError(f"`weights` must have a positive sum, got {mixture.total_weight!r}.")
     if not return_uncertainty:
@@ -584,7 +761,7 @@ def predict_samples(
     samples: Any,
     x: Any,
     *,
-    outputs: str = "logits",
+    outputs: str | None = None,
     batch_size: int = 256,
     verbose: int = 1,
 ) -> np.ndarray:
@@ -600,7 +777,7 @@ def predict_samples(
         samples: Stored samples, as for `predict_posterior`: `[S, Nd]`, `[C, S, Nd]`, a
             `SampleCollector`, a `.npy` path or an iterable of `[Nd]` vectors.
         x: Inputs: an array (or structure of arrays), or a finite `tf.data.Dataset`.
-        outputs: What the model returns, `"logits"` or `"probabilities"`.
+        outputs: What the model returns, as for `predict_posterior`.
         batch_size: Batch size for array inputs.
         verbose: 1 shows a progress bar over the samples.
 
@@ -616,12 +793,11 @@ def predict_samples(
     """
     data = _EvaluationData(x, batch_size, name="x")
     source = _sample_source(samples)
-    probs = []
-    for sample_outputs, _, _ in _stream(model, source, data, None, outputs, verbose):
-        if outputs == "logits":
-            probs.append(kt_metrics.probabilities_from_logits(sample_outputs))
-        else:
-            probs.append(np.asarray(sample_outputs, np.float64))
+    predictor = _SamplePredictor(model, outputs)
+    probs = [
+        _probabilities(sample_outputs, predictor.outputs)
+        for sample_outputs, _, _ in _stream(predictor, source, data, None, verbose)
+    ]
     stacked = np.stack(probs)
     if source.chain_shape is not None:
         return stacked.reshape(source.chain_shape + stacked.shape[1:])
@@ -634,7 +810,7 @@ def evaluate_posterior(
     data: Any,
     *,
     weights: Any = None,
-    outputs: str = "logits",
+    outputs: str | None = None,
     batch_size: int = 256,
     num_bins: int = 15,
     verbose: int = 1,
@@ -650,7 +826,7 @@ def evaluate_posterior(
         data: Labelled held-out data, `(x, y)` arrays or a `tf.data.Dataset` of `(x, y)`
             batches in a fixed order.
         weights: Optional `[S]` non-negative per-sample weights.
-        outputs: `"logits"` or `"probabilities"`.
+        outputs: What the model returns, as for `predict_posterior`.
         batch_size: Batch size for array data.
         num_bins: Confidence bins of the ECE.
         verbose: 1 shows a progress bar over the samples.
@@ -667,13 +843,14 @@ def evaluate_posterior(
         0.6931
     """
     evaluation = _EvaluationData(data, batch_size)
+    predictor = _SamplePredictor(model, outputs)
     averager = None
-    for sample_outputs, labels, weight in _stream(model, samples, evaluation, weights, outputs, verbose):
+    for sample_outputs, labels, weight in _stream(predictor, samples, evaluation, weights, verbose):
         if labels is None:
             raise ValueError("`data` must include labels: (x, y) arrays or a dataset of (x, y) batches.")
         if averager is None:
             averager = kt_metrics.PredictiveAverager(labels, num_bins)
-        _update(averager, sample_outputs, outputs, weight)
+        _update(averager, sample_outputs, predictor.outputs, weight)
     return averager.result()
 
 

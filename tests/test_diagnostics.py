@@ -190,6 +190,7 @@ def test_summary_condenses_tfps_per_scalar_statistics(monkeypatch):
         "median": pytest.approx(order_statistic(rhat, 0.5), rel=1e-12),
         "quantiles": {"q10": pytest.approx(order_statistic(rhat, 0.1), rel=1e-12),
                       "q90": pytest.approx(order_statistic(rhat, 0.9), rel=1e-12)},
+        "num_undefined": 0,
         "threshold": 1.05,
         "fraction_above_threshold": float(np.mean(rhat > 1.05)),
     }
@@ -206,7 +207,7 @@ def test_summary_of_predictive_probabilities_has_one_rhat_per_example_and_class(
     rng = np.random.default_rng(11)
     logits = rng.normal(size=(4, 30, 5, 3)) + rng.normal(size=(4, 1, 5, 3))  # [C, S, n, K]
     probs = softmax(logits, axis=-1)
-    per_entry = potential_scale_reduction(probs.reshape(4, 30, 15)).reshape(5, 3)
+    per_entry = potential_scale_reduction(np.log(probs).reshape(4, 30, 15)).reshape(5, 3)  # log scale
     section = summary(probs=probs)["predictive"]
     assert (section["num_examples"], section["num_classes"], section["num_chains"]) == (5, 3, 4)
     assert section["rhat"]["worst"] == pytest.approx(per_entry.max(), rel=1e-12)
@@ -233,6 +234,77 @@ def test_summary_leaves_out_constant_scalars_and_reports_stuck_ones_as_infinite(
     assert rhat["quantiles"]["q99"] == np.inf  # an order statistic, not inf - inf = NaN
     all_constant = summary(np.zeros((2, 10, 2)))["parameters"]
     assert all_constant["num_constant"] == 2 and np.isnan(all_constant["rhat"]["worst"])
+
+
+def _confident_chains(rng, num_draws=40):
+    """[4, S, 30, 3] probabilities of a confident net: logits ~200 apart, jittered per draw.
+
+    Most entries are below 1e-3 or above 1 - 1e-3, many below 1e-154 (where squared
+    deviations underflow in float64) without being constant.
+    """
+    centres = 200.0 * rng.normal(size=(30, 3))
+    return softmax(centres + rng.normal(size=(4, num_draws, 30, 3)), axis=-1)
+
+
+def test_rhat_and_ess_do_not_underflow_on_tiny_draws():
+    # Both statistics are invariant under x -> a x: draws scaled down to ~1e-170 (their squares
+    # underflow) give the figures of the unscaled draws, not 0/0.
+    chains = np.random.default_rng(20).normal(size=(4, 50, 3)) + [[[0.0]], [[0.0]], [[0.0]], [[1.0]]]
+    for scale in (1e-170, 1e-300, 1e300):
+        for statistic in (potential_scale_reduction, effective_sample_size):
+            np.testing.assert_allclose(statistic(scale * chains), statistic(chains), rtol=1e-9)
+    assert np.isnan(potential_scale_reduction(np.full((2, 10), 1e-200)))  # constant: 0/0
+
+
+def test_predictive_rhat_of_a_confident_net_is_that_of_its_log_probabilities(caplog):
+    rng = np.random.default_rng(21)
+    probs = _confident_chains(rng)
+    assert np.mean((probs < 1e-3) | (probs > 1 - 1e-3)) > 0.9 and np.mean(probs < 1e-154) > 0.05
+    with caplog.at_level("WARNING", logger="tensorflow"):
+        section = summary(probs=probs, quantiles=(0.0, 1.0))["predictive"]
+    assert not [r for r in caplog.records if "complex" in r.getMessage()]  # TFP's FFT cast
+    flat = probs.reshape(4, -1, 90)
+    constant = np.all(flat == flat[:1, :1], axis=(0, 1))  # saturated at exactly 1.0
+    assert 0 < section["num_constant"] == int(constant.sum()) < 90
+    # Reference: numpy's log of the moving columns, none of them below 1e-308 here.
+    moving = flat[:, :, ~constant]
+    assert moving.min() > 1e-300
+    reference = potential_scale_reduction(np.log(moving))
+    rhat, ess = section["rhat"], section["ess"]
+    assert rhat["num_undefined"] == 0 and np.all(np.isfinite(reference))
+    assert rhat["worst"] == pytest.approx(reference.max(), rel=1e-9)
+    assert rhat["quantiles"]["q0"] == pytest.approx(reference.min(), rel=1e-9)
+    assert rhat["median"] == pytest.approx(float(np.quantile(reference, 0.5, method="inverted_cdf")), rel=1e-9)
+    assert np.isfinite(ess["worst"]) and ess["num_undefined"] == 0
+
+
+def test_predictive_rhat_of_confident_chains_that_disagree_is_flagged():
+    # Same confident net, but chain 3 sits elsewhere: its logits are shifted by 20 draws' SD.
+    rng = np.random.default_rng(22)
+    centres = 200.0 * rng.normal(size=(30, 3))
+    logits = centres + rng.normal(size=(4, 40, 30, 3))
+    logits[3] += 20.0 * rng.normal(size=(30, 3))
+    section = summary(probs=softmax(logits, axis=-1))["predictive"]
+    assert section["rhat"]["median"] > 1.5 and section["rhat"]["worst"] > 10
+
+
+def test_one_undefined_statistic_does_not_poison_the_summary(monkeypatch):
+    chains = np.random.default_rng(23).normal(size=(4, 30, 5))
+    rhat = potential_scale_reduction(chains)
+
+    def with_one_nan(array, **kwargs):
+        values = rhat.copy()
+        values[2] = np.nan
+        return values
+
+    monkeypatch.setattr(diagnostics, "potential_scale_reduction", with_one_nan)
+    report = summary(chains, quantiles=(0.1, 0.9))["parameters"]["rhat"]
+    kept = np.delete(rhat, 2)
+    assert report["num_undefined"] == 1
+    assert report["worst"] == pytest.approx(kept.max(), rel=1e-12)
+    assert report["median"] == pytest.approx(float(np.quantile(kept, 0.5, method="inverted_cdf")), rel=1e-12)
+    assert all(np.isfinite(v) for v in report["quantiles"].values())
+    assert report["fraction_above_threshold"] == float(np.mean(kept > 1.02))
 
 
 # R-hat of chains that sample one distribution, and of chains stuck in different modes.

@@ -1,5 +1,8 @@
 """PosteriorAverage, predict_posterior and evaluate_posterior against numpy forward passes."""
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import keras
@@ -7,7 +10,7 @@ import tensorflow as tf
 from scipy.special import log_softmax, softmax
 
 import keras_thermo as kt
-from keras_thermo import metrics
+from keras_thermo import metrics, posterior
 from keras_thermo.callbacks import RecordingCallback, SampleCollector
 from keras_thermo.posterior import (
     PosteriorAverage,
@@ -335,6 +338,25 @@ def test_evaluate_posterior_matches_the_callback_on_the_same_samples():
     assert offline["num_samples"] == online["num_samples"] == 4
     for name in ("accuracy", "nll", "expected_log_loss", "ece", "brier"):
         assert offline[name] == pytest.approx(online[name], rel=1e-6, abs=1e-9)
+
+
+def test_repeated_predictions_reuse_one_compiled_forward_pass(caplog):
+    x, y = _data(12)
+    net = _net()
+    vectors = np.zeros((2, 9), "float32")
+    with caplog.at_level("WARNING", logger="tensorflow"):
+        for _ in range(6):
+            predict_posterior(net, vectors, x, verbose=0)
+            predict_samples(net, vectors, x, batch_size=5, verbose=0)  # batches of 5, 5 and 2
+            evaluate_posterior(net, vectors, (x, y), verbose=0)
+    assert not [record.getMessage() for record in caplog.records if "retracing" in record.getMessage()]
+    # Traced for [12, 2] and once more for other batch sizes, which that trace generalises.
+    assert posterior._BATCH_FUNCTIONS[net][1].experimental_get_tracing_count() == 2
+    # The cache does not keep a model alive.
+    reference = weakref.ref(net)
+    del net
+    gc.collect()
+    assert reference() is None
 
 
 def test_bad_inputs_name_the_argument():
