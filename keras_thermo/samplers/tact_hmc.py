@@ -12,7 +12,13 @@ potential. Samples are the theta of steps with `k mod K = 0` on the plateau, whe
 exactly `exp(-U / T)`.
 
 Units (DESIGN section 3). The state keeps the paper's per-step variables: `r = h p / M` (the
-displacement of one step) and `z = h s` (friction per step), with `eta = h^2 / M`. One step is
+displacement of one step) and `z = h s` (friction per step), with `eta = h^2 / M`. When eta changes
+from one step to the next (a schedule, or a step size set between fits), each `r` is first rescaled
+by `sqrt(eta_t / eta_{t-1})`, which keeps the momentum `p` (and `|r|^2 / eta`, the kinetic
+temperature): `r` is the only step-scaled part of the state. The thermostats are not rescaled:
+the injected noise is set per step (`c = A h`), so the value `z` settles at is `c` at any eta
+(a physical friction `s = z / h` that follows `A = c / h`). The state records the eta each `r`
+carries. One step is
 
     z_xi    += lambda'^2 (r_xi^2 - eta_xi T) / gamma_xi
     z_theta += lambda^2 (|r|^2 / Nd - eta T) / gamma_theta
@@ -80,6 +86,9 @@ class TACTHMCState(NamedTuple):
         z_theta: Thermostat of theta: a float64 scalar, or one per trainable variable.
         z_xi: Thermostat of xi (float64 scalar).
         abf_mean_force: `[num_bins]` float64 running mean of `lambda'(xi) U` in each bin of xi.
+        momentum_step_size: The eta that `momentum` carries (float32 scalar): the next step
+            rescales `r` by `sqrt(eta / momentum_step_size)` (module doc).
+        xi_momentum_step_size: The eta_xi that `xi_momentum` carries, likewise.
 
     The thermostats and running means are float64 for the reason given in
     `keras_thermo.samplers.integrators`: with the paper's `eta ~ 1e-8` and `c ~ 0.1` one update of
@@ -96,6 +105,8 @@ class TACTHMCState(NamedTuple):
     z_xi: tf.Tensor
     abf_mean_force: tf.Tensor
     abf_visits: tf.Tensor
+    momentum_step_size: tf.Tensor
+    xi_momentum_step_size: tf.Tensor
     preconditioner: tuple = ()
 
 
@@ -129,6 +140,17 @@ def coupling(xi, *, xi0: float, xi1: float, power: int) -> tuple[tf.Tensor, tf.T
     # d/dxi of 1 / (1 + u^n) = -n u^(n-1) u' / (1 + u^n)^2, with u' = sign(xi) / width.
     slope = -power * tf.pow(u, power - 1) / width * tf.square(lam) * tf.sign(xi)
     return lam, tf.where(outside, slope, tf.zeros_like(slope))
+
+
+def step_size_ratio(eta, previous_eta) -> tf.Tensor:
+    """`sqrt(eta / previous_eta)`: the factor that keeps the momentum of a per-step displacement
+    `r = sqrt(eta / M) p` when the step size changes (0 if `previous_eta` is 0, where r is 0).
+
+    Example:
+        >>> float(step_size_ratio(tf.constant(0.04), tf.constant(0.01)))
+        2.0
+    """
+    return tf.sqrt(tf.math.divide_no_nan(tf.cast(eta, tf.float32), tf.cast(previous_eta, tf.float32)))
 
 
 def reflect_into_well(position, velocity, wall):
@@ -298,9 +320,10 @@ class TACTHMC(Sampler):
         eta = self.step_size_at(step)
         noise = kt_random.normal_like(kt_random.step_key(seed, step, kt_random.STREAM_INIT), params)
         momentum = [tf.sqrt(eta * temperature) * r for r in noise]
+        eta_xi = self.xi_step_size_at(step)
         if self.tempering:
             draw = kt_random.normal_like(kt_random.step_key(seed, step, kt_random.STREAM_TEMPERING_INIT), [tf.zeros([])])[0]
-            xi_momentum = tf.sqrt(self.xi_step_size_at(step) * temperature) * draw
+            xi_momentum = tf.sqrt(eta_xi * temperature) * draw
         else:
             xi_momentum = tf.constant(0.0, tf.float32)
         f64 = integrators.THERMOSTAT_DTYPE
@@ -317,6 +340,8 @@ class TACTHMC(Sampler):
             z_xi=tf.constant(self.xi_noise, f64),
             abf_mean_force=tf.zeros([self.num_bins], f64),
             abf_visits=tf.zeros([self.num_bins], tf.int64),
+            momentum_step_size=eta,
+            xi_momentum_step_size=eta_xi,
             preconditioner=self.init_preconditioner(params),
         )
 
@@ -349,10 +374,18 @@ class TACTHMC(Sampler):
         num_params = num_scalars(params)
         lam, dlam = self.coupling(state.xi)
         lam_sq = tf.square(lam)
+        eta_xi = self.xi_step_size_at(state.step)
         mass, preconditioner, factors = self.precondition(state, force)
-        if factors is not None:
-            # r = h M^-1 p: keeping p^2 / m means r scales by sqrt(m_old / m_new).
-            state = state._replace(momentum=[r / c for r, c in zip(state.momentum, factors)])
+        # r = h M^-1 p with h = sqrt(eta M): keeping p means r scales by sqrt(eta_new / eta_old),
+        # and keeping p^2 / m by sqrt(m_old / m_new) (module doc).
+        scale = step_size_ratio(eta, state.momentum_step_size)
+        if factors is None:
+            momentum = [scale * r for r in state.momentum]
+        else:
+            momentum = [scale * r / c for r, c in zip(state.momentum, factors)]
+        state = state._replace(
+            momentum=momentum, xi_momentum=step_size_ratio(eta_xi, state.xi_momentum_step_size) * state.xi_momentum
+        )
 
         # Thermostats first, from the previous step's momenta (listing lines 5-6).
         z_theta = self._theta_thermostat(state.z_theta, state.momentum, lam_sq, eta, temperature, mass)
@@ -378,7 +411,6 @@ class TACTHMC(Sampler):
         xi, xi_momentum, z_xi = state.xi, state.xi_momentum, state.z_xi
         abf_mean_force, abf_visits = state.abf_mean_force, state.abf_visits
         if self.tempering:
-            eta_xi = self.xi_step_size_at(state.step)
             dlam_sq = tf.square(dlam)
             if self.thermostat:
                 f64 = integrators.THERMOSTAT_DTYPE
@@ -404,6 +436,8 @@ class TACTHMC(Sampler):
             z_xi=z_xi,
             abf_mean_force=abf_mean_force,
             abf_visits=abf_visits,
+            momentum_step_size=eta,
+            xi_momentum_step_size=eta_xi,
             preconditioner=preconditioner,
         )
         new_lam, _ = self.coupling(xi)
@@ -423,7 +457,7 @@ class TACTHMC(Sampler):
     def variable_kinetic_temperatures(self, new_state: TACTHMCState, params, new_params):
         """`|r_v|^2 / (eta n_v)` per variable (r carries `eta T` per scalar at equilibrium)."""
         del params, new_params
-        eta = self.step_size_at(new_state.step - 1)
+        eta = new_state.momentum_step_size
         masses = integrators.per_tensor(self.masses(new_state.preconditioner), len(new_state.momentum))
         return [
             self._weighted_square_sum([r], m if isinstance(m, float) else [m]) / (float(num_scalars([r])) * eta)
