@@ -70,7 +70,7 @@ from keras_thermo._validation import (
     check_positive,
 )
 from keras_thermo.samplers import integrators
-from keras_thermo.samplers.base import Sampler, StepContext, num_scalars
+from keras_thermo.samplers.base import FloatSetting, Sampler, StepContext, num_scalars
 
 # Noise streams of this sampler beyond the shared ones in `keras_thermo.random`.
 
@@ -247,6 +247,11 @@ class TACTHMC(Sampler):
     assumes_white_gradient_noise = True
 
     name = "tact_hmc"
+    xi_step_size = FloatSetting(check_optional_positive, optional=True)
+    noise = FloatSetting(check_non_negative)
+    xi_noise = FloatSetting(check_non_negative)
+    thermal_inertia = FloatSetting(check_positive, dtype=integrators.THERMOSTAT_DTYPE)
+    xi_thermal_inertia = FloatSetting(check_positive, dtype=integrators.THERMOSTAT_DTYPE)
 
     def __init__(
         self,
@@ -270,11 +275,11 @@ class TACTHMC(Sampler):
         preconditioner=None,
     ):
         super().__init__(step_size, preconditioner=preconditioner)
-        self.xi_step_size = check_optional_positive("xi_step_size", xi_step_size)
-        self.noise = check_non_negative("noise", noise)
-        self.xi_noise = check_non_negative("xi_noise", xi_noise)
-        self.thermal_inertia = check_positive("thermal_inertia", thermal_inertia)
-        self.xi_thermal_inertia = check_positive("xi_thermal_inertia", xi_thermal_inertia)
+        self.xi_step_size = xi_step_size
+        self.noise = noise
+        self.xi_noise = xi_noise
+        self.thermal_inertia = thermal_inertia
+        self.xi_thermal_inertia = xi_thermal_inertia
         self.sample_every = check_int("sample_every", sample_every, low=1)
         self.xi0 = check_positive("xi0", xi0)
         self.xi1 = check_number("xi1", xi1, low=self.xi0)
@@ -303,9 +308,7 @@ class TACTHMC(Sampler):
 
     def xi_step_size_at(self, step: tf.Tensor) -> tf.Tensor:
         """eta_xi at `step` (follows `step_size` when `xi_step_size` is None)."""
-        if self.xi_step_size is None:
-            return self.step_size_at(step)
-        return tf.constant(self.xi_step_size, tf.float32)
+        return tf.cast(self.read_setting("xi_step_size", default=self.step_size_at(step)), tf.float32)
 
     def _friction(self, momentum: tf.Tensor, rate: tf.Tensor) -> tf.Tensor:
         """Friction sub-step `dr/dt = -rate r` over one step."""
@@ -348,11 +351,13 @@ class TACTHMC(Sampler):
     def _theta_thermostat(self, z_theta, momentum, lam_sq, eta, temperature, mass):
         """Listing line 6: `z += lambda^2 (|r|^2 / dim - eta T) / gamma` (per tensor if asked),
         the increment formed and added in float64; `|r|^2` is `r.M.r` under a diagonal mass."""
-        if not self.thermostat:
-            return z_theta
         f64 = integrators.THERMOSTAT_DTYPE
+        if not self.thermostat:
+            # Fixed at c, read from the setting so that a new c keeps friction and noise matched.
+            fixed = tf.cast(self.read_setting("noise"), f64)
+            return [fixed for _ in z_theta] if self.per_variable_thermostat else fixed
         target = tf.cast(eta, f64) * tf.cast(temperature, f64)
-        rate = tf.cast(lam_sq, f64) / self.thermal_inertia
+        rate = tf.cast(lam_sq, f64) / self.read_setting("thermal_inertia")
         if self.per_variable_thermostat:
             return [
                 z + rate * (tf.cast(self._weighted_square_sum([r], [m]) / float(num_scalars([r])), f64) - target)
@@ -394,7 +399,7 @@ class TACTHMC(Sampler):
         # theta: friction, then the tempered force and injected noise (line 12).
         noise = context.normal(state.step, params, kt_random.STREAM_MOMENTUM)
         if self.preconditioner is None:
-            noise_std = tf.sqrt(2.0 * self.noise * eta * temperature)
+            noise_std = tf.sqrt(2.0 * self.read_setting("noise") * eta * temperature)
             momentum = [
                 self._friction(r, lam_sq * integrators.as_float32(z)) + lam * (eta * tf.cast(f, r.dtype) + noise_std * n)
                 for r, z, f, n in zip(state.momentum, z_per_variable, force, noise)
@@ -403,7 +408,7 @@ class TACTHMC(Sampler):
             etas = [eta / m for m in mass]  # eta_v = h^2 / (M m_v)
             momentum = [
                 self._friction(r, lam_sq * integrators.as_float32(z))
-                + lam * (eta_v * tf.cast(f, r.dtype) + tf.sqrt(2.0 * self.noise * eta_v * temperature) * n)
+                + lam * (eta_v * tf.cast(f, r.dtype) + tf.sqrt(2.0 * self.read_setting("noise") * eta_v * temperature) * n)
                 for r, z, f, n, eta_v in zip(state.momentum, z_per_variable, force, noise, etas)
             ]
         new_params = [theta + r for theta, r in zip(params, momentum)]
@@ -412,13 +417,15 @@ class TACTHMC(Sampler):
         abf_mean_force, abf_visits = state.abf_mean_force, state.abf_visits
         if self.tempering:
             dlam_sq = tf.square(dlam)
-            if self.thermostat:
-                f64 = integrators.THERMOSTAT_DTYPE
+            f64 = integrators.THERMOSTAT_DTYPE
+            if not self.thermostat:
+                z_xi = tf.cast(self.read_setting("xi_noise"), f64)  # fixed at c_xi, as z_theta
+            else:
                 excess = tf.cast(tf.square(xi_momentum), f64) - tf.cast(eta_xi, f64) * tf.cast(temperature, f64)
-                z_xi = z_xi + tf.cast(dlam_sq, f64) * excess / self.xi_thermal_inertia
+                z_xi = z_xi + tf.cast(dlam_sq, f64) * excess / self.read_setting("xi_thermal_inertia")
             potential = tf.cast(context.potential, tf.float32)
             xi_noise = context.normal(state.step, [xi], kt_random.STREAM_TEMPERING)[0]
-            kick = -dlam * (eta_xi * potential + tf.sqrt(2.0 * self.xi_noise * eta_xi * temperature) * xi_noise)
+            kick = -dlam * (eta_xi * potential + tf.sqrt(2.0 * self.read_setting("xi_noise") * eta_xi * temperature) * xi_noise)
             index = bin_index(xi, wall=self.wall, num_bins=self.num_bins)
             if self.abf:
                 kick += eta_xi * integrators.as_float32(tf.gather(abf_mean_force, index))
