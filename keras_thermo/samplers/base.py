@@ -70,6 +70,56 @@ def sample_momentum(params: Sequence[tf.Tensor], *, seed: int, temperature: floa
     return [scale * r for r in noise]
 
 
+class FloatSetting:
+    """A float hyperparameter that the compiled step reads (a data descriptor on a sampler class).
+
+    Unbound, it is a plain float (a Python constant in the traced step). Once a `BayesianModel`
+    has bound it to a variable (`Sampler.bind_settings`), the step reads the variable: a value set
+    later (between or during `fit` calls) takes effect at the next step, and checkpoints keep it.
+    An optional setting (None = its default) is stored as 0 in its variable.
+
+    Args:
+        check: `check(name, value)` validates and returns the value (`keras_thermo._validation`).
+        optional: Whether None is allowed.
+        dtype: Of the variable: float64 for what enters the float64 thermostat arithmetic.
+    """
+
+    def __init__(self, check, *, optional: bool = False, dtype: tf.DType = tf.float32):
+        self.check, self.optional, self.dtype = check, optional, dtype
+        self.name = None
+
+    def __set_name__(self, owner, name) -> None:
+        self.name = name
+
+    def __get__(self, sampler, owner=None):
+        if sampler is None:
+            return self
+        variable = sampler._setting_variables.get(self.name)
+        if variable is None:
+            return vars(sampler)[self.name]
+        value = float(variable.numpy())
+        return None if self.optional and value == 0.0 else value
+
+    def __set__(self, sampler, value) -> None:
+        value = self.check(self.name, value)
+        variable = sampler._setting_variables.get(self.name)
+        if variable is not None:
+            variable.assign(0.0 if value is None else value)
+        elif sampler.has_bound_settings and value != vars(sampler).get(self.name):
+            raise ValueError(
+                f"`{self.name}` of {type(sampler).__name__} was compiled into its model's step as the "
+                f"constant {vars(sampler).get(self.name)!r} (the model bound only "
+                f"{sorted(sampler._setting_variables)} to variables), so {value!r} would be ignored. "
+                "Build a new sampler and BayesianModel with the new value."
+            )
+        vars(sampler)[self.name] = value
+
+    def initial_value(self, sampler) -> tf.Tensor:
+        """The value a model's variable starts from (0 for an optional setting left at None)."""
+        value = getattr(sampler, self.name)
+        return tf.constant(0.0 if value is None else value, self.dtype)
+
+
 class Sampler:
     """Base class of all samplers.
 
@@ -81,22 +131,50 @@ class Sampler:
     gives the sampler a diagonal mass estimated from the force (`keras_thermo.samplers.
     preconditioning`); its state is the last field of the sampler state, `preconditioner`, an
     empty tuple (no variables) when None.
+
+    Settings. The float hyperparameters the step reads (a float `step_size`, and each class's
+    `FloatSetting`s such as `friction`) are bound by `BayesianModel` to variables when it builds
+    the sampler state (`setting_values`, `bind_settings`): changing one afterwards takes effect
+    at the next step, and checkpoints keep it. Every other hyperparameter (`mass`, which the
+    momenta are scaled by, integer and structural options) fixes what the state means or what is
+    traced; once bound, setting it to a new value raises an error.
     """
 
     name: str = "sampler"
     needs_per_example_gradients: bool = False
 
     def __init__(self, step_size: float | keras.optimizers.schedules.LearningRateSchedule, preconditioner=None):
-        self._step_size_variable = None
+        self._setting_variables = {}
         self.step_size = step_size
         self.preconditioner = kt_preconditioning.get(preconditioner)
+
+    def __setattr__(self, name: str, value) -> None:
+        if (
+            not name.startswith("_")
+            and self.__dict__.get("_setting_variables")
+            and not hasattr(type(self), name)  # settings and properties validate themselves
+            and name in self.__dict__
+            and self.__dict__[name] is not value
+            and self.__dict__[name] != value
+        ):
+            raise ValueError(
+                f"`{name}` of {type(self).__name__} fixes the meaning of the sampler state (or what "
+                f"the compiled step does); it was {self.__dict__[name]!r} when a model built that "
+                f"state and cannot become {value!r}. Build a new sampler and BayesianModel instead. "
+                f"Settings that may change between steps: {self.setting_names()}."
+            )
+        object.__setattr__(self, name, value)
+
+    @property
+    def _step_size_variable(self):
+        return self._setting_variables.get("step_size")
 
     @property
     def step_size(self) -> float | keras.optimizers.schedules.LearningRateSchedule:
         """h: a float or a `LearningRateSchedule`.
 
         A float step size may be changed at any time, also between or during `fit` calls (e.g.
-        from a callback): once a `BayesianModel` has bound it to a variable (`bind_step_size`),
+        from a callback): once a `BayesianModel` has bound it to a variable (`bind_settings`),
         the compiled step reads that variable, and checkpoints keep it. A schedule is traced into
         the step and cannot be swapped for a float (or back) after binding.
         """
@@ -114,29 +192,72 @@ class Sampler:
                     f"{value!r} ({type(value).__name__})."
                 )
             value = check_positive("step_size", value)
+        if self.has_bound_settings and is_schedule != isinstance(self._step_size, keras.optimizers.schedules.LearningRateSchedule):
+            kind = "schedule" if self._step_size_variable is None else "float bound to a model's variable"
+            raise ValueError(
+                f"`step_size` of {type(self).__name__} is a {kind}; it cannot become {value!r} once a "
+                "model has built its state. Build a new sampler (and BayesianModel) to switch between "
+                "a float and a schedule."
+            )
         if self._step_size_variable is not None:
-            if is_schedule:
-                raise ValueError(
-                    f"`step_size` of {type(self).__name__} is a float bound to a model's variable; "
-                    f"it can be set to another positive float, not to the schedule {value!r}. "
-                    "Build a new sampler (and BayesianModel) to use a schedule."
-                )
             self._step_size_variable.assign(value)
         self._step_size = value
 
-    def bind_step_size(self, variable) -> None:
-        """Makes `step_size_at` read a float step size from `variable` (created by the model).
+    # --- settings bound to a model's variables -----------------------------------------------
 
-        Called by `BayesianModel` when it creates the sampler state; a schedule is not bound.
-        """
-        if isinstance(self._step_size, keras.optimizers.schedules.LearningRateSchedule):
+    @classmethod
+    def setting_names(cls) -> list[str]:
+        """The settings that may change between steps: `step_size` and the `FloatSetting`s."""
+        return ["step_size"] + sorted(
+            name for klass in cls.__mro__ for name, value in vars(klass).items() if isinstance(value, FloatSetting)
+        )
+
+    def setting_values(self) -> dict[str, tf.Tensor]:
+        """The settings a model binds, with their initial values as tensors of the variables'
+        dtypes (a step-size schedule is traced, not bound, so it is left out). A model creates
+        one non-trainable variable per entry and passes them to `bind_settings`."""
+        values = {}
+        if not isinstance(self._step_size, keras.optimizers.schedules.LearningRateSchedule):
+            values["step_size"] = tf.constant(self._step_size, tf.float32)
+        for name in self.setting_names()[1:]:
+            values[name] = getattr(type(self), name).initial_value(self)
+        return values
+
+    def bind_settings(self, variables: dict) -> None:
+        """Makes the step read each setting in `variables` (name -> variable, created by the
+        model from `setting_values`) and a later assignment write it."""
+        unknown = sorted(set(variables) - set(self.setting_names()))
+        if unknown:
+            raise ValueError(f"{type(self).__name__} has no settings {unknown}; its settings are {self.setting_names()}.")
+        if "step_size" in variables and isinstance(self._step_size, keras.optimizers.schedules.LearningRateSchedule):
             raise ValueError(f"{type(self).__name__} has a step-size schedule; there is no float to bind.")
-        self._step_size_variable = variable
+        self._setting_variables = {**self._setting_variables, **variables}
+
+    def bind_step_size(self, variable) -> None:
+        """`bind_settings({"step_size": variable})`."""
+        self.bind_settings({"step_size": variable})
+
+    @property
+    def has_bound_settings(self) -> bool:
+        """Whether a model has bound any of this sampler's settings to its variables."""
+        return bool(self.__dict__.get("_setting_variables"))
 
     @property
     def has_bound_step_size(self) -> bool:
         """Whether a model's variable holds this sampler's float step size."""
         return self._step_size_variable is not None
+
+    def read_setting(self, name: str, default=None):
+        """The value of setting `name` for the step: its variable (a tensor) once bound, else the
+        float; `default` stands for an optional setting left at None."""
+        variable = self._setting_variables.get(name)
+        if variable is None:
+            value = getattr(self, name)
+            return default if value is None else value
+        value = tf.convert_to_tensor(variable)
+        if default is None:
+            return value
+        return tf.where(value > 0, value, tf.cast(default, value.dtype))
 
     # --- to be provided by subclasses -------------------------------------------------------
 
@@ -255,13 +376,16 @@ class ThermostatSampler(Sampler):
     #: notes when a data pipeline's own batch order is used).
     assumes_white_gradient_noise = True
 
+    friction = FloatSetting(check_positive)
+    thermal_mass = FloatSetting(check_optional_positive, optional=True, dtype=integrators.THERMOSTAT_DTYPE)
+
     def __init__(
         self, step_size, friction: float = 1.0, thermal_mass: float | None = None, mass: float = 1.0,
         preconditioner=None,
     ):
         super().__init__(step_size, preconditioner=preconditioner)
-        self.friction = check_positive("friction", friction)
-        self.thermal_mass = check_optional_positive("thermal_mass", thermal_mass)
+        self.friction = friction
+        self.thermal_mass = thermal_mass
         self.mass = check_positive("mass", mass)
 
     def initial_momentum_and_xi(self, params, *, temperature: float, seed: int):
@@ -271,13 +395,13 @@ class ThermostatSampler(Sampler):
     def ou_kwargs(self, context: StepContext, mass=None) -> dict:
         """Keyword arguments of `integrators.ornstein_uhlenbeck` / `euler_momentum` (`mass`: the
         step's masses from `precondition`; default the scalar `mass`)."""
-        return {"noise_friction": self.friction, "temperature": context.temperature, "mass": self.mass if mass is None else mass}
+        return {"noise_friction": self.read_setting("friction"), "temperature": context.temperature, "mass": self.mass if mass is None else mass}
 
     def thermostat_kwargs(self, params, context: StepContext, mass=None) -> dict:
         """Keyword arguments of `integrators.thermostat` (thermal mass defaults to Nd)."""
         num_params = num_scalars(params)
         return {
-            "thermal_mass": self.thermal_mass or float(num_params),
+            "thermal_mass": self.read_setting("thermal_mass", default=float(num_params)),
             "num_params": num_params,
             "temperature": context.temperature,
             "mass": self.mass if mass is None else mass,

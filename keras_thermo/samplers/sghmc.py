@@ -14,7 +14,7 @@ import tensorflow as tf
 from keras_thermo import random as kt_random
 from keras_thermo._validation import check_positive
 from keras_thermo.samplers import integrators
-from keras_thermo.samplers.base import Sampler, StepContext, num_scalars, sample_momentum
+from keras_thermo.samplers.base import FloatSetting, Sampler, StepContext, num_scalars, sample_momentum
 
 
 class SGHMCState(NamedTuple):
@@ -48,10 +48,11 @@ class SGHMC(Sampler):
     """
 
     name = "sghmc"
+    friction = FloatSetting(check_positive)
 
     def __init__(self, step_size, friction: float = 1.0, mass: float = 1.0, preconditioner=None):
         super().__init__(step_size, preconditioner=preconditioner)
-        self.friction = check_positive("friction", friction)
+        self.friction = friction
         self.mass = check_positive("mass", mass)
 
     def init(self, params: Sequence[tf.Tensor], *, temperature: float, seed: int) -> SGHMCState:
@@ -63,9 +64,10 @@ class SGHMC(Sampler):
         noise = context.normal(state.step, params, kt_random.STREAM_MOMENTUM)
         mass, preconditioner, factors = self.precondition(state, force)
         momentum = state.momentum if factors is None else [p * c for p, c in zip(state.momentum, factors)]
+        friction = self.read_setting("friction")
         momentum = integrators.euler_momentum(
-            momentum, force, noise, self.friction, h,
-            noise_friction=self.friction, temperature=context.temperature, mass=mass,
+            momentum, force, noise, friction, h,
+            noise_friction=friction, temperature=context.temperature, mass=mass,
         )
         new_params = integrators.drift(params, momentum, h, mass)
         diagnostics = {

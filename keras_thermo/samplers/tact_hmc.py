@@ -12,7 +12,13 @@ potential. Samples are the theta of steps with `k mod K = 0` on the plateau, whe
 exactly `exp(-U / T)`.
 
 Units (DESIGN section 3). The state keeps the paper's per-step variables: `r = h p / M` (the
-displacement of one step) and `z = h s` (friction per step), with `eta = h^2 / M`. One step is
+displacement of one step) and `z = h s` (friction per step), with `eta = h^2 / M`. When eta changes
+from one step to the next (a schedule, or a step size set between fits), each `r` is first rescaled
+by `sqrt(eta_t / eta_{t-1})`, which keeps the momentum `p` (and `|r|^2 / eta`, the kinetic
+temperature): `r` is the only step-scaled part of the state. The thermostats are not rescaled:
+the injected noise is set per step (`c = A h`), so the value `z` settles at is `c` at any eta
+(a physical friction `s = z / h` that follows `A = c / h`). The state records the eta each `r`
+carries. One step is
 
     z_xi    += lambda'^2 (r_xi^2 - eta_xi T) / gamma_xi
     z_theta += lambda^2 (|r|^2 / Nd - eta T) / gamma_theta
@@ -64,7 +70,7 @@ from keras_thermo._validation import (
     check_positive,
 )
 from keras_thermo.samplers import integrators
-from keras_thermo.samplers.base import Sampler, StepContext, num_scalars
+from keras_thermo.samplers.base import FloatSetting, Sampler, StepContext, num_scalars
 
 # Noise streams of this sampler beyond the shared ones in `keras_thermo.random`.
 
@@ -80,6 +86,9 @@ class TACTHMCState(NamedTuple):
         z_theta: Thermostat of theta: a float64 scalar, or one per trainable variable.
         z_xi: Thermostat of xi (float64 scalar).
         abf_mean_force: `[num_bins]` float64 running mean of `lambda'(xi) U` in each bin of xi.
+        momentum_step_size: The eta that `momentum` carries (float32 scalar): the next step
+            rescales `r` by `sqrt(eta / momentum_step_size)` (module doc).
+        xi_momentum_step_size: The eta_xi that `xi_momentum` carries, likewise.
 
     The thermostats and running means are float64 for the reason given in
     `keras_thermo.samplers.integrators`: with the paper's `eta ~ 1e-8` and `c ~ 0.1` one update of
@@ -96,6 +105,8 @@ class TACTHMCState(NamedTuple):
     z_xi: tf.Tensor
     abf_mean_force: tf.Tensor
     abf_visits: tf.Tensor
+    momentum_step_size: tf.Tensor
+    xi_momentum_step_size: tf.Tensor
     preconditioner: tuple = ()
 
 
@@ -129,6 +140,17 @@ def coupling(xi, *, xi0: float, xi1: float, power: int) -> tuple[tf.Tensor, tf.T
     # d/dxi of 1 / (1 + u^n) = -n u^(n-1) u' / (1 + u^n)^2, with u' = sign(xi) / width.
     slope = -power * tf.pow(u, power - 1) / width * tf.square(lam) * tf.sign(xi)
     return lam, tf.where(outside, slope, tf.zeros_like(slope))
+
+
+def step_size_ratio(eta, previous_eta) -> tf.Tensor:
+    """`sqrt(eta / previous_eta)`: the factor that keeps the momentum of a per-step displacement
+    `r = sqrt(eta / M) p` when the step size changes (0 if `previous_eta` is 0, where r is 0).
+
+    Example:
+        >>> float(step_size_ratio(tf.constant(0.04), tf.constant(0.01)))
+        2.0
+    """
+    return tf.sqrt(tf.math.divide_no_nan(tf.cast(eta, tf.float32), tf.cast(previous_eta, tf.float32)))
 
 
 def reflect_into_well(position, velocity, wall):
@@ -225,6 +247,11 @@ class TACTHMC(Sampler):
     assumes_white_gradient_noise = True
 
     name = "tact_hmc"
+    xi_step_size = FloatSetting(check_optional_positive, optional=True)
+    noise = FloatSetting(check_non_negative)
+    xi_noise = FloatSetting(check_non_negative)
+    thermal_inertia = FloatSetting(check_positive, dtype=integrators.THERMOSTAT_DTYPE)
+    xi_thermal_inertia = FloatSetting(check_positive, dtype=integrators.THERMOSTAT_DTYPE)
 
     def __init__(
         self,
@@ -248,11 +275,11 @@ class TACTHMC(Sampler):
         preconditioner=None,
     ):
         super().__init__(step_size, preconditioner=preconditioner)
-        self.xi_step_size = check_optional_positive("xi_step_size", xi_step_size)
-        self.noise = check_non_negative("noise", noise)
-        self.xi_noise = check_non_negative("xi_noise", xi_noise)
-        self.thermal_inertia = check_positive("thermal_inertia", thermal_inertia)
-        self.xi_thermal_inertia = check_positive("xi_thermal_inertia", xi_thermal_inertia)
+        self.xi_step_size = xi_step_size
+        self.noise = noise
+        self.xi_noise = xi_noise
+        self.thermal_inertia = thermal_inertia
+        self.xi_thermal_inertia = xi_thermal_inertia
         self.sample_every = check_int("sample_every", sample_every, low=1)
         self.xi0 = check_positive("xi0", xi0)
         self.xi1 = check_number("xi1", xi1, low=self.xi0)
@@ -281,9 +308,7 @@ class TACTHMC(Sampler):
 
     def xi_step_size_at(self, step: tf.Tensor) -> tf.Tensor:
         """eta_xi at `step` (follows `step_size` when `xi_step_size` is None)."""
-        if self.xi_step_size is None:
-            return self.step_size_at(step)
-        return tf.constant(self.xi_step_size, tf.float32)
+        return tf.cast(self.read_setting("xi_step_size", default=self.step_size_at(step)), tf.float32)
 
     def _friction(self, momentum: tf.Tensor, rate: tf.Tensor) -> tf.Tensor:
         """Friction sub-step `dr/dt = -rate r` over one step."""
@@ -298,9 +323,10 @@ class TACTHMC(Sampler):
         eta = self.step_size_at(step)
         noise = kt_random.normal_like(kt_random.step_key(seed, step, kt_random.STREAM_INIT), params)
         momentum = [tf.sqrt(eta * temperature) * r for r in noise]
+        eta_xi = self.xi_step_size_at(step)
         if self.tempering:
             draw = kt_random.normal_like(kt_random.step_key(seed, step, kt_random.STREAM_TEMPERING_INIT), [tf.zeros([])])[0]
-            xi_momentum = tf.sqrt(self.xi_step_size_at(step) * temperature) * draw
+            xi_momentum = tf.sqrt(eta_xi * temperature) * draw
         else:
             xi_momentum = tf.constant(0.0, tf.float32)
         f64 = integrators.THERMOSTAT_DTYPE
@@ -317,17 +343,21 @@ class TACTHMC(Sampler):
             z_xi=tf.constant(self.xi_noise, f64),
             abf_mean_force=tf.zeros([self.num_bins], f64),
             abf_visits=tf.zeros([self.num_bins], tf.int64),
+            momentum_step_size=eta,
+            xi_momentum_step_size=eta_xi,
             preconditioner=self.init_preconditioner(params),
         )
 
     def _theta_thermostat(self, z_theta, momentum, lam_sq, eta, temperature, mass):
         """Listing line 6: `z += lambda^2 (|r|^2 / dim - eta T) / gamma` (per tensor if asked),
         the increment formed and added in float64; `|r|^2` is `r.M.r` under a diagonal mass."""
-        if not self.thermostat:
-            return z_theta
         f64 = integrators.THERMOSTAT_DTYPE
+        if not self.thermostat:
+            # Fixed at c, read from the setting so that a new c keeps friction and noise matched.
+            fixed = tf.cast(self.read_setting("noise"), f64)
+            return [fixed for _ in z_theta] if self.per_variable_thermostat else fixed
         target = tf.cast(eta, f64) * tf.cast(temperature, f64)
-        rate = tf.cast(lam_sq, f64) / self.thermal_inertia
+        rate = tf.cast(lam_sq, f64) / self.read_setting("thermal_inertia")
         if self.per_variable_thermostat:
             return [
                 z + rate * (tf.cast(self._weighted_square_sum([r], [m]) / float(num_scalars([r])), f64) - target)
@@ -349,10 +379,18 @@ class TACTHMC(Sampler):
         num_params = num_scalars(params)
         lam, dlam = self.coupling(state.xi)
         lam_sq = tf.square(lam)
+        eta_xi = self.xi_step_size_at(state.step)
         mass, preconditioner, factors = self.precondition(state, force)
-        if factors is not None:
-            # r = h M^-1 p: keeping p^2 / m means r scales by sqrt(m_old / m_new).
-            state = state._replace(momentum=[r / c for r, c in zip(state.momentum, factors)])
+        # r = h M^-1 p with h = sqrt(eta M): keeping p means r scales by sqrt(eta_new / eta_old),
+        # and keeping p^2 / m by sqrt(m_old / m_new) (module doc).
+        scale = step_size_ratio(eta, state.momentum_step_size)
+        if factors is None:
+            momentum = [scale * r for r in state.momentum]
+        else:
+            momentum = [scale * r / c for r, c in zip(state.momentum, factors)]
+        state = state._replace(
+            momentum=momentum, xi_momentum=step_size_ratio(eta_xi, state.xi_momentum_step_size) * state.xi_momentum
+        )
 
         # Thermostats first, from the previous step's momenta (listing lines 5-6).
         z_theta = self._theta_thermostat(state.z_theta, state.momentum, lam_sq, eta, temperature, mass)
@@ -361,7 +399,7 @@ class TACTHMC(Sampler):
         # theta: friction, then the tempered force and injected noise (line 12).
         noise = context.normal(state.step, params, kt_random.STREAM_MOMENTUM)
         if self.preconditioner is None:
-            noise_std = tf.sqrt(2.0 * self.noise * eta * temperature)
+            noise_std = tf.sqrt(2.0 * self.read_setting("noise") * eta * temperature)
             momentum = [
                 self._friction(r, lam_sq * integrators.as_float32(z)) + lam * (eta * tf.cast(f, r.dtype) + noise_std * n)
                 for r, z, f, n in zip(state.momentum, z_per_variable, force, noise)
@@ -370,7 +408,7 @@ class TACTHMC(Sampler):
             etas = [eta / m for m in mass]  # eta_v = h^2 / (M m_v)
             momentum = [
                 self._friction(r, lam_sq * integrators.as_float32(z))
-                + lam * (eta_v * tf.cast(f, r.dtype) + tf.sqrt(2.0 * self.noise * eta_v * temperature) * n)
+                + lam * (eta_v * tf.cast(f, r.dtype) + tf.sqrt(2.0 * self.read_setting("noise") * eta_v * temperature) * n)
                 for r, z, f, n, eta_v in zip(state.momentum, z_per_variable, force, noise, etas)
             ]
         new_params = [theta + r for theta, r in zip(params, momentum)]
@@ -378,15 +416,16 @@ class TACTHMC(Sampler):
         xi, xi_momentum, z_xi = state.xi, state.xi_momentum, state.z_xi
         abf_mean_force, abf_visits = state.abf_mean_force, state.abf_visits
         if self.tempering:
-            eta_xi = self.xi_step_size_at(state.step)
             dlam_sq = tf.square(dlam)
-            if self.thermostat:
-                f64 = integrators.THERMOSTAT_DTYPE
+            f64 = integrators.THERMOSTAT_DTYPE
+            if not self.thermostat:
+                z_xi = tf.cast(self.read_setting("xi_noise"), f64)  # fixed at c_xi, as z_theta
+            else:
                 excess = tf.cast(tf.square(xi_momentum), f64) - tf.cast(eta_xi, f64) * tf.cast(temperature, f64)
-                z_xi = z_xi + tf.cast(dlam_sq, f64) * excess / self.xi_thermal_inertia
+                z_xi = z_xi + tf.cast(dlam_sq, f64) * excess / self.read_setting("xi_thermal_inertia")
             potential = tf.cast(context.potential, tf.float32)
             xi_noise = context.normal(state.step, [xi], kt_random.STREAM_TEMPERING)[0]
-            kick = -dlam * (eta_xi * potential + tf.sqrt(2.0 * self.xi_noise * eta_xi * temperature) * xi_noise)
+            kick = -dlam * (eta_xi * potential + tf.sqrt(2.0 * self.read_setting("xi_noise") * eta_xi * temperature) * xi_noise)
             index = bin_index(xi, wall=self.wall, num_bins=self.num_bins)
             if self.abf:
                 kick += eta_xi * integrators.as_float32(tf.gather(abf_mean_force, index))
@@ -404,6 +443,8 @@ class TACTHMC(Sampler):
             z_xi=z_xi,
             abf_mean_force=abf_mean_force,
             abf_visits=abf_visits,
+            momentum_step_size=eta,
+            xi_momentum_step_size=eta_xi,
             preconditioner=preconditioner,
         )
         new_lam, _ = self.coupling(xi)
@@ -423,7 +464,7 @@ class TACTHMC(Sampler):
     def variable_kinetic_temperatures(self, new_state: TACTHMCState, params, new_params):
         """`|r_v|^2 / (eta n_v)` per variable (r carries `eta T` per scalar at equilibrium)."""
         del params, new_params
-        eta = self.step_size_at(new_state.step - 1)
+        eta = new_state.momentum_step_size
         masses = integrators.per_tensor(self.masses(new_state.preconditioner), len(new_state.momentum))
         return [
             self._weighted_square_sum([r], m if isinstance(m, float) else [m]) / (float(num_scalars([r])) * eta)
