@@ -519,21 +519,22 @@ class BayesianModel(keras.Model):
         return temperature
 
     def _create_setting_variables(self) -> None:
-        """Variables for the temperature and a float step size, so that changing them after the
-        step was traced takes effect, and checkpoints hold them."""
+        """Variables for the temperature and the sampler's settings, so that changing them after
+        the step was traced takes effect, and checkpoints hold them."""
         self._temperature_variable = keras.Variable(
             self._temperature, dtype="float32", trainable=False, autocast=False, name="temperature"
         )
-        if self.sampler.has_bound_step_size:
+        if self.sampler.has_bound_settings:
             # One sampler instance given to a second model: that model gets its own copy, so the
-            # two models' step sizes stay independent.
+            # two models' settings stay independent.
             self.sampler = type(self.sampler).from_config(self.sampler.get_config())
-        if not isinstance(self.sampler.step_size, keras.optimizers.schedules.LearningRateSchedule):
-            variable = keras.Variable(
-                self.sampler.step_size, dtype="float32", trainable=False, autocast=False, name="step_size"
-            )
-            self._step_size_variable = variable
-            self.sampler.bind_step_size(variable)
+        # The step size (a float, not a schedule) and the sampler's float settings (friction,
+        # thermal mass...): changed between or during fits, the next step uses them.
+        self._sampler_setting_variables = {
+            name: keras.Variable(value, dtype=value.dtype.name, trainable=False, autocast=False, name=name)
+            for name, value in self.sampler.setting_values().items()
+        }
+        self.sampler.bind_settings(self._sampler_setting_variables)
 
     # --- sampler state ------------------------------------------------------------------------
 
