@@ -11,6 +11,8 @@ import warnings
 import keras
 import tensorflow as tf
 
+from keras_thermo._outputs import check_outputs_match_loss
+
 # Keras callbacks that drive an optimizer's learning rate, which a BayesianModel does not have.
 _LEARNING_RATE_CALLBACKS = (keras.callbacks.LearningRateScheduler, keras.callbacks.ReduceLROnPlateau)
 
@@ -108,3 +110,10 @@ def resolve_num_examples(rows: int | None) -> int:
         )
     logging.getLogger("keras_thermo").info("BayesianModel: num_examples=%d, the rows fit trains on.", rows)
     return rows
+
+
+def warn_about_output_kind(model) -> None:
+    """Warns when the compiled loss's `from_logits` contradicts the net's last activation."""
+    message = check_outputs_match_loss(model)
+    if message is not None:
+        warnings.warn(f"BayesianModel.fit: {message}", UserWarning, stacklevel=4)

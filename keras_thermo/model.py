@@ -1201,6 +1201,7 @@ class BayesianModel(keras.Model):
         _fit_checks.check_no_learning_rate_callbacks(callbacks)
         _fit_checks.warn_about_restoring_callbacks(callbacks)
         _fit_checks.warn_about_class_weight(arguments.get("class_weight"))
+        _fit_checks.warn_about_output_kind(self)
         self._attach_recorders(callbacks)
         self._runtime.diverged_at.assign(-1)
         self._runtime.uneven_batch.assign(-1)

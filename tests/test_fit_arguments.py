@@ -94,3 +94,15 @@ def test_the_package_imports_no_private_keras_module():
     private = re.compile(r"^\s*(from|import)\s+keras\.src\b|keras\.src\.", re.MULTILINE)
     found = [str(path.relative_to(package)) for path in package.rglob("*.py") if private.search(path.read_text())]
     assert not found, f"private keras.src imports in {found}"
+
+
+@pytest.mark.parametrize("activation, from_logits, warns", [
+    ("softmax", True, True), (None, False, True), ("softmax", False, False), (None, True, False),
+])
+def test_a_loss_that_reads_the_wrong_kind_of_output_warns(activation, from_logits, warns):
+    x, y = _data()
+    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation=activation)])
+    model = kt.BayesianModel(net, kt.samplers.SGHMC(1e-3), num_examples=ROWS, seed=0)
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits))
+    found = [w for w in _fit_warnings(model, x, y, batch_size=10, epochs=1) if "from_logits" in w]
+    assert bool(found) == warns, found

@@ -1,0 +1,158 @@
+"""Every feature with every other: samplers x chains x preconditioner x schedule x layer type x
+output kind x compile mode, each run through `fit`, `evaluate_posterior`, `save`/`load_model` and
+a resumed `fit` that must continue bit for bit.
+
+The default suite runs an all-pairs covering of the factors (every pair of levels of any two
+factors appears in some row, `all_pairs`); the full product is the slow test. A combination the
+library does not support must be refused at construction or compile with a clear error: those
+are listed in `UNSUPPORTED`, and the test checks that they are refused there.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import keras
+import numpy as np
+import pytest
+
+import keras_thermo as kt
+
+FACTORS = {
+    "sampler": ["sgld", "sghmc", "sgnht", "ccadl", "mccadl", "tact_hmc"],
+    "num_chains": [1, 2],
+    "preconditioner": [None, "layerwise"],
+    "schedule": ["constant", "cyclical"],
+    "net": ["dense", "conv", "lstm"],
+    "outputs": ["logits", "softmax"],
+    "jit_compile": [False, True],
+}
+
+#: (predicate on a combination, the error's type and a pattern of its message).
+UNSUPPORTED: list = []
+
+ROWS, BATCH, CLASSES, STEP_SIZE = 32, 8, 3, 1e-3
+
+
+def all_pairs(factors: dict[str, list]) -> list[dict]:
+    """A small set of combinations that covers every pair of levels of every two factors
+    (greedy: each new row takes, factor by factor, the level that covers most uncovered pairs)."""
+    names = list(factors)
+    uncovered = {
+        (a, la, b, lb)
+        for a, b in itertools.combinations(names, 2)
+        for la in factors[a] for lb in factors[b]
+    }
+    rows = []
+    while uncovered:
+        first = next(iter(sorted(uncovered, key=repr)))
+        row = {first[0]: first[1], first[2]: first[3]}
+        for name in names:
+            if name in row:
+                continue
+
+            def gain(level, name=name):
+                return sum((a, row[a], name, level) in uncovered or (name, level, a, row[a]) in uncovered
+                           for a in row)
+
+            row[name] = max(factors[name], key=gain)
+        rows.append(row)
+        uncovered -= {
+            (a, row[a], b, row[b]) for a, b in itertools.combinations(names, 2)
+        }
+    return rows
+
+
+def _id(row: dict) -> str:
+    return "-".join(f"{v}" if not isinstance(v, bool) else ("xla" if v else "graph") for v in row.values())
+
+
+def _net(kind: str, outputs: str) -> tuple[keras.Model, np.ndarray]:
+    rng = np.random.default_rng(0)
+    head = keras.layers.Dense(CLASSES, activation="softmax" if outputs == "softmax" else None)
+    if kind == "dense":
+        x = rng.normal(size=(ROWS, 4))
+        layers = [keras.Input((4,)), keras.layers.Dense(5, activation="relu")]
+    elif kind == "conv":
+        x = rng.normal(size=(ROWS, 6, 6, 1))
+        layers = [keras.Input((6, 6, 1)), keras.layers.Conv2D(2, 3, activation="relu"), keras.layers.Flatten()]
+    else:
+        x = rng.normal(size=(ROWS, 4, 3))
+        layers = [keras.Input((4, 3)), keras.layers.LSTM(4)]
+    return keras.Sequential(layers + [head]), x.astype("float32")
+
+
+def _sampler(row: dict):
+    step_size = STEP_SIZE if row["schedule"] == "constant" else kt.schedules.Cyclical(STEP_SIZE, cycle_length=4, exploration_fraction=0.5)
+    options = {}
+    if row["preconditioner"] is not None:
+        options["preconditioner"] = kt.samplers.preconditioning.Preconditioner(row["preconditioner"], warmup_steps=2)
+    if row["sampler"] == "tact_hmc":
+        options["sample_every"] = 1
+    return kt.samplers.get(row["sampler"], step_size=step_size, **options)
+
+
+def _unsupported(row: dict):
+    return next(((kind, pattern) for applies, kind, pattern in UNSUPPORTED if applies(row)), None)
+
+
+def _build(row: dict):
+    keras.utils.set_random_seed(0)
+    net, x = _net(row["net"], row["outputs"])
+    y = np.random.default_rng(1).integers(0, CLASSES, size=ROWS)
+    model = kt.BayesianModel(net, _sampler(row), num_examples=ROWS, prior=kt.priors.Gaussian(1.0), seed=5,
+                             num_chains=row["num_chains"])
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=row["outputs"] == "logits"),
+                  steps_per_execution=2, jit_compile=row["jit_compile"])
+    return model, x, y
+
+
+def check_combination(row: dict, tmp_path) -> None:
+    refused = _unsupported(row)
+    if refused is not None:
+        with pytest.raises(refused[0], match=refused[1]):
+            _build(row)
+        return
+    model, x, y = _build(row)
+    collector = kt.callbacks.SampleCollector(every_n_steps=1)
+    model.fit(x, y, batch_size=BATCH, epochs=1, callbacks=[collector], verbose=0)
+    assert model.sampler_step == ROWS // BATCH
+    assert collector.steps.size > 0, "no sample recorded"
+    report = kt.evaluate_posterior(model, collector, (x, y), verbose=0)
+    assert np.isfinite(report["nll"]) and 0.0 <= report["accuracy"] <= 1.0
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    for chain in range(row["num_chains"]):
+        for a, b in zip(model.chain_weights(chain), loaded.chain_weights(chain)):
+            np.testing.assert_array_equal(a, b)
+    # The resumed run continues the original bit for bit (same batches, noise and state).
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    loaded.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    for chain in range(row["num_chains"]):
+        for a, b in zip(model.chain_weights(chain), loaded.chain_weights(chain)):
+            np.testing.assert_array_equal(a, b)
+
+
+PAIRS = all_pairs(FACTORS)
+
+
+def test_the_covering_holds_every_pair():
+    names = list(FACTORS)
+    for a, b in itertools.combinations(names, 2):
+        for la, lb in itertools.product(FACTORS[a], FACTORS[b]):
+            assert any(row[a] == la and row[b] == lb for row in PAIRS), (a, la, b, lb)
+
+
+@pytest.mark.parametrize("row", PAIRS, ids=[_id(r) for r in PAIRS])
+def test_every_pair_of_features_composes(row, tmp_path):
+    check_combination(row, tmp_path)
+
+
+FULL = [dict(zip(FACTORS, levels)) for levels in itertools.product(*FACTORS.values())]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", FULL, ids=[_id(r) for r in FULL])
+def test_every_combination_of_features_composes(row, tmp_path):
+    check_combination(row, tmp_path)
