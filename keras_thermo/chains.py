@@ -12,23 +12,26 @@ from theirs (`redrawn_initial_weights`); chain 0 keeps the net's weights. Chain 
 is therefore the one-chain run seeded `chain_seed(seed, k)` from chain k's start, given the same
 minibatches.
 
-Minibatches. The chains share each minibatch: one data pipeline, keyed by the model seed, feeds
-every chain the same examples at each step. Splitting a minibatch into C parts would give each
-chain a batch C times smaller, i.e. C times the gradient-noise variance, a different sampler from
-the one-chain run; drawing C independent batches would cost C data pipelines. Sharing correlates
-the chains' gradient noise, which could make chains look more alike than independent runs do and
-bias R-hat towards 1; `benchmarks/chains.py` measures the effect (R-hat of shared-batch chains
-against chains with their own batch streams).
+Minibatches. By default (`chain_minibatches="split"`) every chain gets examples of its own at each
+step: `fit` on arrays draws `batch_size` examples per chain (C * batch_size per step), and a
+pipeline's batch is cut into C equal parts, so each chain's gradient noise is that of a
+one-chain run with the same batch size. A batch that does not split into C equal parts is
+refused before the first step where its size is known (`batch_size`, a pipeline batched with
+`drop_remainder=True`), and otherwise stops `fit` at that batch with a `ValueError` naming
+`batch_size` and `num_chains`, nothing of that step applied. `"shared"` gives every chain the whole
+batch; that correlates the chains' gradient noise, which can make them look more alike than
+independent runs and bias R-hat towards 1 (`benchmarks/chains.py` measures it).
 
 Under tf.distribute every replica runs every chain on its slice of the batch (data parallel);
 with split batches each replica cuts its own slice into C parts, so chain k's examples are
 replica-wise parts (the same examples as on one device only with shared batches).
 
-Cost. The C forward and backward passes run either as one `tf.vectorized_map` over the chain axis
-(the net called under a `keras.StatelessScope` that maps its variables to the chain's values) or
-as a loop of C passes in the compiled step; the sampler updates (cheap elementwise work) and the
-per-example statistics of CCAdL/mCCAdL run as a loop over chains. `benchmarks/chains.py` measures
-both.
+Cost. One train step serves one and C chains. The C forward and backward passes run as a loop of
+C passes in the compiled step, each under a `keras.StatelessScope` that maps the net's variables
+to the chain's values (the per-example engine of CCAdL/mCCAdL records each pass), or, for
+samplers without per-example statistics, as one `tf.vectorized_map` over the chain axis
+(`chain_method="vectorized"`); the sampler updates run as a loop over chains.
+`benchmarks/chains.py` measures both.
 
 Recording. `SampleCollector` and `PosteriorAverage` get one `[C, Nd]` row per due step (all
 chains at the same steps, `SampleCollector.samples` `[C, S, Nd]`). For a sampler that yields
