@@ -1,6 +1,8 @@
 """The benchmark runner and its configs: schema, unit conversions, quick runs on mock data."""
 
+import io
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -91,6 +93,43 @@ def test_config_errors_name_the_key(tmp_path):
     sampler = run.build_sampler(config["methods"]["tact_hmc"])
     with pytest.raises(run.ConfigError, match="multiple of the sampler's sample_every=50"):
         run._evaluation_schedule(config, config["methods"]["tact_hmc"], 10, sampler)
+
+
+class _Stream:
+    def __init__(self, terminal):
+        self.terminal = terminal
+
+    def isatty(self):
+        return self.terminal
+
+
+def test_fit_verbosity_resolves_auto_by_the_terminal_and_refuses_other_values():
+    assert run.fit_verbosity("auto", _Stream(True)) == 1  # a progress bar
+    assert run.fit_verbosity("auto", _Stream(False)) == 2  # a log file: one line per epoch
+    for level in (0, 1, 2):
+        assert run.fit_verbosity(level, _Stream(True)) == level
+    for bad in ("loud", 3, -1, None, True):
+        with pytest.raises(ValueError, match=rf"verbose must be one of 'auto', 0, 1, 2, got {bad!r}"):
+            run.fit_verbosity(bad)
+
+
+def test_run_config_resolves_auto_verbosity_before_any_run(monkeypatch, tmp_path):
+    # The default "auto" reaches every run as a level (the runner compares it with 0).
+    seen = []
+
+    class Seen(Exception):
+        pass
+
+    def fake_run(key, method, config, task, noise, out, verbose, strategy=None, *, log_dir=None):
+        seen.append(verbose)
+        raise Seen
+
+    monkeypatch.setattr(run, "run_method", fake_run)
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # not a terminal
+    with pytest.raises(Seen):
+        run.run_config(run.load_config(CONFIGS / "digits.yaml"), tmp_path / "out", quick=True, methods="sgnht",
+                       log=lambda *_: None)
+    assert seen == [2]
 
 
 def test_missing_data_gives_the_preparation_message_not_a_traceback(tmp_path, capsys):
