@@ -166,10 +166,9 @@ HEAVY = {("fashion_mnist", "ccadl"), ("fashion_mnist", "mccadl")}
 
 @pytest.mark.parametrize(
     "task, heavy",
-    # The default suite runs the EMNIST MLP end to end; the LSTM and CNN tasks (23 s and 12 s
-    # on 2 cores, their layers covered by tests/test_models.py) run with the slow tests.
-    [("emnist", False)]
-    + [pytest.param(task, False, marks=pytest.mark.slow) for task in sorted(TASKS) if task != "emnist"]
+    # Slow: the default suite runs every task from the command line (tests/test_runner_cli.py),
+    # the EMNIST MLP with every method.
+    [pytest.param(task, False, marks=pytest.mark.slow) for task in sorted(TASKS)]
     + [pytest.param("fashion_mnist", True, marks=pytest.mark.slow)],
 )
 def test_task_configs_run_quick_on_mock_data(task, heavy, tmp_path):
