@@ -1284,7 +1284,7 @@ def validation_score(record: dict) -> tuple[float, int | None]:
     return float(nll), None
 
 
-def tune_method(key: str, method: dict, config: dict, new_task, label_noise: float, out: Path, verbose,
+def tune_method(key: str, method: dict, config: dict, new_task, label_noise: float, out: Path, verbose: int,
                 strategy=None, log=print) -> dict:
     """Chooses a method's hyperparameters by validation NLL; returns the tuning record.
 
@@ -1736,6 +1736,23 @@ def write_plots(config: dict, runs: list[dict], out: Path) -> list[str]:
 # --------------------------------------------------------------------------------------------
 # Entry points
 
+VERBOSITIES = ("auto", 0, 1, 2)
+
+
+def fit_verbosity(verbose: int | str, stream=None) -> int:
+    """The Keras `fit` verbosity 0, 1 or 2 that `verbose` stands for.
+
+    "auto" is a progress bar (1) when `stream` (default stdout) is a terminal, else one line per
+    epoch (2): a log file gets no carriage-return progress bars. The runner resolves it once,
+    here, because it also reads the level (EquilibrationCheck warns only when it is above 0).
+    """
+    if isinstance(verbose, bool) or verbose not in VERBOSITIES:
+        raise ValueError(f"verbose must be one of {', '.join(map(repr, VERBOSITIES))}, got {verbose!r}.")
+    if verbose != "auto":
+        return int(verbose)
+    stream = sys.stdout if stream is None else stream
+    return 1 if getattr(stream, "isatty", lambda: False)() else 2
+
 
 def run_config(
     config: dict,
@@ -1762,7 +1779,8 @@ def run_config(
         mock_data: Load TFDS datasets from `tfds.testing.mock_data` (random images).
         data_dir: TFDS data directory (default: TFDS' own).
         methods: Keep only these method keys.
-        verbose: Keras `fit` verbosity.
+        verbose: Keras `fit` verbosity 0, 1, 2 or "auto" (`fit_verbosity`); above 0, every
+            sampler run's EquilibrationCheck also warns when the net is not at T.
         log: Where progress lines go.
         strategy: A `tf.distribute.Strategy` (see `make_strategy`) to build and fit every model
             under, or None. `training.batch_size` is the global batch. Worker i > 0 of a
@@ -1771,6 +1789,7 @@ def run_config(
     Returns:
         The results dict that was written to `results.json`.
     """
+    verbose = fit_verbosity(verbose)
     if quick:
         config = apply_quick(config)
     if methods:
@@ -1909,7 +1928,7 @@ def parse_args(argv: list[str] | None = None, *, description: str | None = None)
     parser.add_argument("--data-dir", help="TFDS data directory")
     parser.add_argument("--methods", help="comma-separated method keys to run")
     parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=None,
-                        help="Keras fit verbosity (default: progress bar on a terminal)")
+                        help="Keras fit verbosity (default: a progress bar on a terminal, else a line per epoch)")
     parser.add_argument("--strategy", choices=STRATEGIES, default="none",
                         help="tf.distribute strategy: mirrored = this machine's GPUs (or CPU devices); "
                              "multi_worker = the cluster in TF_CONFIG (run the same command on every worker)")

@@ -448,7 +448,8 @@ class EquilibrationCheck(keras.callbacks.Callback):
             "EquilibrationCheck: the run is not sampling at its temperature after step "
             f"{report['equilibration_step']} ({report['num_blocks']} blocks): " + "; ".join(lines) + ". "
             "Usual remedies: run longer (the burn-in may not be over), reduce step_size, increase "
-            "friction, or use a sampler that corrects for gradient noise (SGNHT, CCAdL, mCCAdL)."
+            "friction, or use a sampler that corrects for gradient noise (CCAdL, mCCAdL): SGNHT's single "
+            "thermostat holds the whole net's kinetic temperature, not each layer's."
         )
 
     def get_config(self) -> dict[str, Any]:

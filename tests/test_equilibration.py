@@ -6,6 +6,7 @@ check can fail. Network-scale runs are in test_statistical_networks.py (slow).
 """
 
 import math
+import re
 import warnings
 
 import keras
@@ -156,6 +157,10 @@ def test_the_same_run_checked_at_the_wrong_temperature_is_flagged_and_warned():
     message = str(caught[0].message)
     assert "configurational temperature of the whole net" in message and "T = 1" in message
     assert "reduce step_size" in message
+    # The samplers it names for gradient noise are those that estimate and cancel it.
+    noise_correcting = re.search(r"corrects for gradient noise \(([^)]*)\)", message)
+    assert noise_correcting is not None, message
+    assert noise_correcting.group(1).split(", ") == ["CCAdL", "mCCAdL"]
 
 
 def test_kinetic_temperature_per_variable_matches_the_logged_one():

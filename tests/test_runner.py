@@ -1,6 +1,8 @@
 """The benchmark runner and its configs: schema, unit conversions, quick runs on mock data."""
 
+import io
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +95,43 @@ def test_config_errors_name_the_key(tmp_path):
         run._evaluation_schedule(config, config["methods"]["tact_hmc"], 10, sampler)
 
 
+class _Stream:
+    def __init__(self, terminal):
+        self.terminal = terminal
+
+    def isatty(self):
+        return self.terminal
+
+
+def test_fit_verbosity_resolves_auto_by_the_terminal_and_refuses_other_values():
+    assert run.fit_verbosity("auto", _Stream(True)) == 1  # a progress bar
+    assert run.fit_verbosity("auto", _Stream(False)) == 2  # a log file: one line per epoch
+    for level in (0, 1, 2):
+        assert run.fit_verbosity(level, _Stream(True)) == level
+    for bad in ("loud", 3, -1, None, True):
+        with pytest.raises(ValueError, match=rf"verbose must be one of 'auto', 0, 1, 2, got {bad!r}"):
+            run.fit_verbosity(bad)
+
+
+def test_run_config_resolves_auto_verbosity_before_any_run(monkeypatch, tmp_path):
+    # The default "auto" reaches every run as a level (the runner compares it with 0).
+    seen = []
+
+    class Seen(Exception):
+        pass
+
+    def fake_run(key, method, config, task, noise, out, verbose, strategy=None, *, log_dir=None):
+        seen.append(verbose)
+        raise Seen
+
+    monkeypatch.setattr(run, "run_method", fake_run)
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # not a terminal
+    with pytest.raises(Seen):
+        run.run_config(run.load_config(CONFIGS / "digits.yaml"), tmp_path / "out", quick=True, methods="sgnht",
+                       log=lambda *_: None)
+    assert seen == [2]
+
+
 def test_missing_data_gives_the_preparation_message_not_a_traceback(tmp_path, capsys):
     status = run.main([str(CONFIGS / "emnist_adam.yaml"), "--quick", "--data-dir", str(tmp_path),
                        "--out", str(tmp_path / "out")])
@@ -127,10 +166,9 @@ HEAVY = {("fashion_mnist", "ccadl"), ("fashion_mnist", "mccadl")}
 
 @pytest.mark.parametrize(
     "task, heavy",
-    # The default suite runs the EMNIST MLP end to end; the LSTM and CNN tasks (23 s and 12 s
-    # on 2 cores, their layers covered by tests/test_models.py) run with the slow tests.
-    [("emnist", False)]
-    + [pytest.param(task, False, marks=pytest.mark.slow) for task in sorted(TASKS) if task != "emnist"]
+    # Slow: the default suite runs every task from the command line (tests/test_runner_cli.py),
+    # the EMNIST MLP with every method.
+    [pytest.param(task, False, marks=pytest.mark.slow) for task in sorted(TASKS)]
     + [pytest.param("fashion_mnist", True, marks=pytest.mark.slow)],
 )
 def test_task_configs_run_quick_on_mock_data(task, heavy, tmp_path):
