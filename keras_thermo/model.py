@@ -853,7 +853,7 @@ class BayesianModel(keras.Model):
             self._update_prior_state(new_state.step, temperature, cross)
         if self._runtime.recorders:
             completed = tf.cast(new_state.step, tf.int64)
-            is_sample = tf.reduce_all([self.sampler.is_sample(s) for s in chain_states])
+            is_sample = tf.stack([self.sampler.is_sample(s) for s in chain_states])  # [C], each chain's own
             is_sample = tf.logical_and(tf.logical_and(ok, is_sample), cross.is_first_local_replica())
             recorded = self._stacked_params() if self.num_chains > 1 else variables  # read after the assignment
             for recorder in self._runtime.recorders:
