@@ -850,7 +850,7 @@ class BayesianModel(keras.Model):
         checked = [p for chain in new_params for p in chain] + [t for t in new_leaves if t.dtype.is_floating]
         ok = self._assign_if_finite(targets, values, checked + potential, state.step, cross, uneven)
         if self._prior_state_variables:
-            self._update_prior_state(new_state.step, temperature, cross)
+            self._update_prior_state(new_state.step, self.sampler.parameter_temperature(chain_states[0], temperature), cross)
         if self._runtime.recorders:
             completed = tf.cast(new_state.step, tf.int64)
             is_sample = tf.stack([self.sampler.is_sample(s) for s in chain_states])  # [C], each chain's own
