@@ -12,7 +12,9 @@ target, start and noise:
   (`h = sqrt(eta)`, `A = c / h`, SGNHT's `mu = gamma Nd`).
 
 All samplers run their own `update` in one XLA-compiled `tf.while_loop` (the same function
-`BayesianModel.fit` calls). Written to `--out`: `results.json` (mode masses against the mixture
+`BayesianModel.fit` calls). `simulate_chains` runs many independent chains at once (the update
+vectorised over them) and counts their samples per mode; `mode_occupancy` gives a mode's mass
+with its standard error from the spread between chains (`tests/test_tact_modes.py`). Written to `--out`: `results.json` (mode masses against the mixture
 weights, histogram total-variation distance, ESS as the paper reports it, i.e. over the collected
 samples via `tfp.mcmc.effective_sample_size`, and ESS ratios against SGHMC and SGNHT),
 `hist_<target>.png` (histograms against the target) and `trace_<target>.png` (xi and
@@ -147,6 +149,169 @@ def simulate(
     result = {"theta": thetas.numpy(), "is_sample": flags.numpy(), "state": state}
     result.update({name: trace.numpy() for name, trace in zip(record, traces)})
     return result
+
+
+class _GivenDraws(StepContext):
+    """A `StepContext` whose normal draws are given (`draws[stream]`, one list per stream): one
+    chain's share of the draws `simulate_chains` makes for every chain at once, outside
+    `tf.vectorized_map`, whose stateless generators take no key per chain."""
+
+    def normal(self, step, like, stream):
+        del step
+        return [tf.reshape(draw, tf.shape(tensor)) for draw, tensor in zip(self.draws[stream], like)]
+
+
+def _with_draws(context: StepContext, draws: dict) -> _GivenDraws:
+    given = _GivenDraws(*context)
+    given.draws = draws
+    return given
+
+
+def _draw_shapes(sampler: Sampler, state, params, context_args: dict) -> dict:
+    """`{stream: [shape, ...]}` of the normal draws one `sampler.update` makes (one eager step)."""
+    shapes: dict = {}
+
+    class Probe(StepContext):
+        def normal(self, step, like, stream):
+            del step
+            shapes[stream] = [tuple(tensor.shape) for tensor in like]
+            return [tf.zeros_like(tensor) for tensor in like]
+
+    sampler.update(state, params, [tf.zeros_like(p) for p in params], Probe(potential=tf.constant(0.0), **context_args))
+    return shapes
+
+
+def simulate_chains(
+    sampler: Sampler,
+    potential: Callable[[tf.Tensor], tf.Tensor],
+    starts,
+    *,
+    num_steps: int,
+    seed: int,
+    classify: Callable[[tf.Tensor], tf.Tensor],
+    num_classes: int,
+    burn_in_steps: int = 0,
+    force_std: float = 0.0,
+    potential_std: float = 0.0,
+    temperature: float = 1.0,
+    temperature_edges: Sequence[float] = (1.0, 1.0 + 1e-6, 2.0, 4.0, math.inf),
+    initial_state=None,
+    minibatch_noise: bool = False,
+) -> dict:
+    """Runs C independent chains of `sampler.update` at once (vectorised over the chains, one
+    XLA-compiled loop), with the noise of `simulate`, and counts what they visit after burn-in.
+
+    Args:
+        sampler: Any sampler of this project.
+        potential: `U(theta)` for `theta [C, d]`, returning `[C]`.
+        starts: `[C, d]` initial theta of each chain (C independent chains).
+        num_steps: Steps of every chain.
+        seed: Keys every draw (per step, a draw for all chains at once).
+        classify: Maps `theta [C, d]` to a class index `[C]` (int32), e.g. the nearest mode.
+        num_classes: Number of classes.
+        burn_in_steps: Steps (per chain) before counting starts.
+        force_std, potential_std, temperature: As in `simulate`.
+        temperature_edges: Edges of the bins of theta's temperature factor
+            `sampler.parameter_temperature(state, T) / T` (TACT-HMC: `1 / lambda(xi)`).
+        minibatch_noise: False: the independent force and potential noise of `simulate`; True:
+            the noise of a minibatch of the linear loss `x_i . theta` that `BayesianModel.fit`
+            sees in the tests (force `-force_std eps`, potential `force_std eps . theta`, so the
+            potential's noise grows with `|theta|`; `potential_std` unused).
+        initial_state: Optional state of the C chains (every leaf with a leading chain axis);
+            None gives every chain the `sampler.init` state of the first start.
+
+    Returns:
+        `{"sample_counts": [C, num_classes]` samples (`sampler.is_sample`) of each class per
+        chain, `"temperature_counts": [len(edges) - 1, num_classes]` steps of all chains per
+        temperature bin and class, `"state"`: the final states, `"theta": [C, d]` the final
+        theta}`.
+    """
+    starts = np.asarray(starts, np.float32)
+    chains, dim = starts.shape
+    context_args = {"temperature": temperature, "num_examples": 1, "batch_size": tf.constant(1.0), "seed": seed}
+    if initial_state is None:
+        # One init for all (one eager init per chain would cost more than the run): the chains
+        # part through their starts and their own noise.
+        one = sampler.init([tf.constant(starts[0])], temperature=temperature, seed=seed)
+        initial_state = tf.nest.map_structure(lambda leaf: tf.stack([leaf] * chains), one)
+    one_state = tf.nest.map_structure(lambda leaf: leaf[0], initial_state)
+    shapes = _draw_shapes(sampler, one_state, [tf.constant(starts[0])], context_args)
+    edges = tf.constant(np.asarray(temperature_edges, np.float32))
+    num_bins = len(temperature_edges) - 1
+
+    def one_chain(args):
+        state, theta, force, chain_potential, draws = args
+        context = _with_draws(StepContext(potential=chain_potential, **context_args), draws)
+        params, state, _ = sampler.update(state, [theta], [force], context)
+        factor = sampler.parameter_temperature(state, temperature) / temperature
+        return params[0], state, sampler.is_sample(state), factor
+
+    def body(index, state, theta, sample_counts, temperature_counts):
+        with tf.GradientTape() as tape:
+            tape.watch(theta)
+            exact = potential(theta)
+            total = tf.reduce_sum(exact)  # the chains' potentials are independent
+        gradient = tape.gradient(total, theta)
+        key = tf.random.experimental.stateless_fold_in(tf.constant([seed, _STREAM_SYNTHETIC_NOISE]), index)
+        noise = tf.random.stateless_normal([chains, dim + 1], key)
+        draws = {}
+        for stream, stream_shapes in shapes.items():
+            stream_key = tf.random.experimental.stateless_fold_in(tf.constant([seed, stream]), index)
+            draws[stream] = [
+                tf.random.stateless_normal([chains, *shape], tf.random.experimental.stateless_fold_in(stream_key, i))
+                for i, shape in enumerate(stream_shapes)
+            ]
+        if minibatch_noise:
+            # The noise of a minibatch of the loss `V(theta) / N + x_i . theta` with `sum_i x_i = 0`:
+            # the force gets `-force_std eps`, the potential `force_std eps . theta`.
+            force = -gradient - force_std * noise[:, :dim]
+            noisy = exact + force_std * tf.reduce_sum(noise[:, :dim] * theta, axis=1)
+        else:
+            force = -gradient + force_std * noise[:, :dim]
+            noisy = exact + potential_std * noise[:, dim]
+        theta, state, is_sample, factor = tf.vectorized_map(
+            one_chain, (state, theta, force, noisy, draws),
+            fallback_to_while_loop=False,
+        )
+        counting = index >= burn_in_steps
+        classes = tf.one_hot(classify(theta), num_classes, dtype=tf.int32)
+        flags = tf.cast(tf.logical_and(is_sample, counting), tf.int32)
+        sample_counts += flags[:, None] * classes
+        bins = tf.clip_by_value(tf.searchsorted(edges[None], factor[None], side="right")[0] - 1, 0, num_bins - 1)
+        temperature_counts += tf.cast(counting, tf.int32) * tf.einsum("cb,ck->bk", tf.one_hot(bins, num_bins, dtype=tf.int32), classes)
+        return index + 1, state, theta, sample_counts, temperature_counts
+
+    @tf.function(jit_compile=True)
+    def loop(state, theta):
+        initial = (tf.constant(0), state, theta, tf.zeros([chains, num_classes], tf.int32), tf.zeros([num_bins, num_classes], tf.int32))
+        _, state, theta, sample_counts, temperature_counts = tf.while_loop(lambda index, *_: index < num_steps, body, initial)
+        return state, theta, sample_counts, temperature_counts
+
+    state, theta, sample_counts, temperature_counts = loop(initial_state, tf.constant(starts))
+    return {
+        "sample_counts": sample_counts.numpy(),
+        "temperature_counts": temperature_counts.numpy(),
+        "state": state,
+        "theta": theta.numpy(),
+    }
+
+
+def mode_occupancy(sample_counts: np.ndarray, mode: int) -> tuple[float, float]:
+    """The fraction of samples in `mode` pooled over independent chains, and its standard error
+    from the spread between chains (the ratio estimator's delta method): the samples of one
+    chain are correlated, its total is not.
+
+    Args:
+        sample_counts: `[C, K]` samples of each chain in each mode.
+        mode: The mode's index.
+    """
+    counts = np.asarray(sample_counts, np.float64)
+    totals = counts.sum(axis=1)
+    fraction = counts[:, mode].sum() / totals.sum()
+    residuals = counts[:, mode] - fraction * totals
+    chains = len(counts)
+    error = math.sqrt(np.sum(residuals**2) / (chains * (chains - 1))) / totals.mean()
+    return float(fraction), float(error)
 
 
 def make_samplers(options: dict, dim: int) -> dict[str, Sampler]:

@@ -23,8 +23,10 @@ class ParameterRecorder:
     """In-graph buffer of flattened parameters, written on due steps of the compiled train step.
 
     A step `s` (counted from 1, i.e. the number of completed steps) is due when
-    `s > burn_in_steps`, `(s - burn_in_steps) % every_n_steps == 0` and the sampler marks it as
-    a sample.
+    `s > burn_in_steps` and `(s - burn_in_steps) % every_n_steps == 0`; a due step is recorded
+    when the sampler marks it as a sample, for several chains when any chain does, together
+    with the mask of the chains that do (TACT-HMC's chains reach their plateaus at different
+    steps; every other sampler's chains agree, and their masks are all True).
 
     Args:
         num_params: Nd, the length of a flattened parameter vector.
@@ -32,7 +34,7 @@ class ParameterRecorder:
         burn_in_steps: Steps skipped before recording starts.
         every_n_steps: Recording period after burn-in.
         num_chains: None for rows `[Nd]` of one chain; C for rows `[C, Nd]` of C chains that
-            step together (`BayesianModel(num_chains=C)`).
+            step together (`BayesianModel(num_chains=C)`), each with a mask `[C]`.
     """
 
     def __init__(
@@ -47,6 +49,9 @@ class ParameterRecorder:
         # Per-replica copies under tf.distribute: only the first replica of each worker writes.
         self.values = replica_local_variable(tf.zeros([capacity, *row_shape]), name="recorded_values")
         self.steps = replica_local_variable(tf.zeros([capacity], tf.int64), name="recorded_steps")
+        self.masks = None
+        if num_chains is not None:
+            self.masks = replica_local_variable(tf.zeros([capacity, num_chains], tf.bool), name="recorded_masks")
         self.count = replica_local_variable(tf.constant(0, tf.int32), name="recorded_count")
 
     def is_due(self, step: tf.Tensor) -> tf.Tensor:
@@ -54,41 +59,52 @@ class ParameterRecorder:
         return tf.logical_and(after > 0, tf.equal(after % self.every_n_steps, 0))
 
     def maybe_record(self, step: tf.Tensor, is_sample: tf.Tensor, variables: Sequence[tf.Variable]) -> None:
-        """Appends the flattened `variables` if `step` is due and `is_sample` holds (for C
-        chains, `variables` are `[C, *shape]` tensors and each chain is flattened)."""
+        """Appends the flattened `variables` if `step` is due and `is_sample` holds for some
+        chain. `is_sample` is a scalar (every chain alike) or `[C]`, one flag per chain; for C
+        chains, `variables` are `[C, *shape]` tensors and each chain is flattened."""
         row_shape = [-1] if self.num_chains is None else [self.num_chains, -1]
+        flags = tf.reshape(tf.convert_to_tensor(is_sample), [-1])
+        if self.num_chains is not None:
+            flags = tf.broadcast_to(flags, [self.num_chains])
+
+        def write(buffer, index, value):
+            if is_distributed(buffer):
+                # Per-replica variables have no scatter; rewrite the buffer instead.
+                buffer.assign(tf.tensor_scatter_nd_update(buffer, [[index]], value[None]))
+            else:
+                buffer.scatter_nd_update([[index]], value[None])
 
         def record():
             flat = tf.concat([tf.reshape(tf.cast(v, tf.float32), row_shape) for v in variables], axis=-1)
             # The capacity covers one execution; the clamp only guards against misuse.
             index = tf.minimum(self.count, self.capacity - 1)
-            if is_distributed(self.values):
-                # Per-replica variables have no scatter; rewrite the buffer instead.
-                self.values.assign(tf.tensor_scatter_nd_update(self.values, [[index]], flat[None, :]))
-                self.steps.assign(tf.tensor_scatter_nd_update(self.steps, [[index]], step[None]))
-            else:
-                self.values.scatter_nd_update([[index]], flat[None, :])
-                self.steps.scatter_nd_update([[index]], step[None])
+            write(self.values, index, flat)
+            write(self.steps, index, step)
+            if self.masks is not None:
+                write(self.masks, index, flags)
             self.count.assign(index + 1)
             return tf.constant(True)
 
-        tf.cond(tf.logical_and(self.is_due(step), is_sample), record, lambda: tf.constant(False))
+        tf.cond(tf.logical_and(self.is_due(step), tf.reduce_any(flags)), record, lambda: tf.constant(False))
 
-    def drain(self) -> tuple[np.ndarray, np.ndarray]:
+    def drain(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Returns and clears what was recorded since the last drain: `(values [k, Nd]` or
-        `[k, C, Nd], steps [k])`."""
+        `[k, C, Nd], steps [k], masks)`, masks `[k, C]` bool (which chains yielded each row) or
+        None for one chain."""
         count = int(self.count.numpy())
         values = self.values[:count].numpy() if count else np.zeros((0, *self.values.shape[1:]), np.float32)
         steps = self.steps[:count].numpy()
+        masks = None if self.masks is None else self.masks[:count].numpy()
         self.count.assign(0)
-        return values, steps
+        return values, steps, masks
 
 
 class RecordingCallback(keras.callbacks.Callback):
     """Base of callbacks that record parameters inside the compiled train step.
 
     `BayesianModel.fit` calls `attach(model)` before the step is compiled; subclasses implement
-    `consume(values, steps)`, called with each execution's recordings.
+    `consume(values, steps, masks)`, called with each execution's recordings (`masks` `[k, C]`:
+    which chains yielded a sample in each row; None for one chain, or when every chain did).
     """
 
     #: Burn-in of a recorder waiting for its `EquilibrationCheck` (no step is due before it).
@@ -154,15 +170,15 @@ class RecordingCallback(keras.callbacks.Callback):
                 f"gcd(every_n_steps, sample_every) = {common}, e.g. every_n_steps=1."
             )
 
-    def consume(self, values: np.ndarray, steps: np.ndarray) -> None:
+    def consume(self, values: np.ndarray, steps: np.ndarray, masks: np.ndarray | None = None) -> None:
         raise NotImplementedError
 
     def _drain(self) -> None:
         if self.recorder is None:
             return
-        values, steps = self.recorder.drain()
+        values, steps, masks = self.recorder.drain()
         if len(steps):
-            self.consume(values, steps)
+            self.consume(values, steps, masks)
 
     def on_train_batch_end(self, batch, logs=None):
         self._drain()
@@ -176,14 +192,20 @@ class SampleCollector(RecordingCallback):
 
     Samples are the weights after every `every_n_steps`-th step following `burn_in_steps`, on
     steps the sampler marks as samples, exactly also when `steps_per_execution > 1`. At most
-    `max_samples` are kept: when the store is full, every other sample is dropped and from then
-    on only every second incoming sample is kept (the kept samples stay evenly spaced over the
-    whole run; `steps` says which step each came from).
+    `max_samples` are kept per chain: when a chain's store is full, every other sample is
+    dropped and from then on only every second incoming sample of that chain is kept (the kept
+    samples stay evenly spaced over the whole run; `steps` says which step each came from).
 
-    Each recording is what the model's `ParameterRecorder` holds per row: `[Nd]` for one
-    chain, or `[C, Nd]` when the recorder keeps C chains that step together; then `samples`
-    is `[C, S, Nd]` (chain axis first, as `keras_thermo.diagnostics` and
-    `keras_thermo.predict_posterior` take it) and `steps` is shared by the chains.
+    Several chains (`BayesianModel(num_chains=C)`): each chain keeps its own samples, those of
+    the due steps at which that chain yields one. With every sampler but TACT-HMC the chains
+    yield at the same steps, so they hold as many samples from the same steps: `samples` is
+    `[C, S, Nd]` (chain axis first, as `keras_thermo.diagnostics` and
+    `keras_thermo.predict_posterior` take it) and `steps` `[S]`. TACT-HMC's chains yield a
+    sample when their own tempering variable is on its plateau, at different steps and in
+    different numbers: then `samples` is each chain's most recent `S` samples, `S` the smallest
+    count over the chains, and `steps` `[C, S]` their steps (only when the chains' steps
+    differ); `chain_samples(k)` and `chain_steps(k)` give chain k's full set and
+    `chain_counts` every chain's count.
 
     Args:
         burn_in_steps: Steps to skip before collecting.
@@ -194,7 +216,8 @@ class SampleCollector(RecordingCallback):
     Attributes:
         samples: `np.ndarray [S, Nd]` (or `[C, S, Nd]`) float32, flattened in
             `model.trainable_variables` order.
-        steps: `np.ndarray [S]`, the step (number of completed steps) of each sample.
+        steps: `np.ndarray [S]` (or `[C, S]`, see above), the step (number of completed steps)
+            of each sample.
 
     Example:
         >>> collector = SampleCollector(burn_in_steps=1000, every_n_steps=10, max_samples=500)
@@ -203,57 +226,99 @@ class SampleCollector(RecordingCallback):
     def __init__(self, burn_in_steps: int = 0, every_n_steps: int = 1, max_samples: int = 1000):
         super().__init__(burn_in_steps, every_n_steps)
         self.max_samples = check_int("max_samples", max_samples, low=2)
-        self._values: np.ndarray | None = None
-        self._steps = np.zeros([self.max_samples], np.int64)
-        self._size = 0
-        self._seen = 0  # recordings received, kept or not
-        self._keep_every = 1
+        self._chains: int | None = None  # None: one chain, rows [Nd]; else C, rows [C, Nd]
+        self._values: np.ndarray | None = None  # [C or 1, max_samples, Nd]
+        self._steps = np.zeros([1, self.max_samples], np.int64)
+        self._size = np.zeros([1], np.int64)
+        self._seen = np.zeros([1], np.int64)  # recordings received per chain, kept or not
+        self._keep_every = np.ones([1], np.int64)
 
     def attach(self, model) -> ParameterRecorder:
         recorder = super().attach(model)
         record_shape = tuple(int(d) for d in recorder.values.shape[1:])  # [Nd] or [C, Nd]
-        if self._values is None or self._values.shape[1:] != record_shape:
-            self._values = np.zeros([self.max_samples, *record_shape], np.float32)
-            self._size = 0
-            self._seen = 0
-            self._keep_every = 1
+        chains = record_shape[0] if len(record_shape) == 2 else None
+        if self._values is None or self._chains != chains or self._values.shape[2] != record_shape[-1]:
+            count = chains or 1
+            self._chains = chains
+            self._values = np.zeros([count, self.max_samples, record_shape[-1]], np.float32)
+            self._steps = np.zeros([count, self.max_samples], np.int64)
+            self._size = np.zeros([count], np.int64)
+            self._seen = np.zeros([count], np.int64)
+            self._keep_every = np.ones([count], np.int64)
         return recorder
 
-    def consume(self, values: np.ndarray, steps: np.ndarray) -> None:
-        for value, step in zip(values, steps):
-            keep = self._seen % self._keep_every == 0
-            self._seen += 1
-            if not keep:
-                continue
-            if self._size == self.max_samples:
-                self._halve()
-                if (self._seen - 1) % self._keep_every:
-                    continue
-            self._values[self._size] = value
-            self._steps[self._size] = step
-            self._size += 1
+    def consume(self, values: np.ndarray, steps: np.ndarray, masks: np.ndarray | None = None) -> None:
+        for index, (value, step) in enumerate(zip(values, steps)):
+            rows = value[None] if self._chains is None else value
+            for chain, row in enumerate(rows):
+                if masks is None or masks[index][chain]:
+                    self._keep(chain, row, step)
 
-    def _halve(self) -> None:
-        kept = slice(0, self._size, 2)
-        count = len(range(*kept.indices(self._size)))
-        self._values[:count] = self._values[kept]
-        self._steps[:count] = self._steps[kept]
-        self._size = count
-        self._keep_every *= 2
+    def _keep(self, chain: int, value: np.ndarray, step) -> None:
+        """Offers one sample of `chain` to its store (thinned by halving when full)."""
+        keep = self._seen[chain] % self._keep_every[chain] == 0
+        self._seen[chain] += 1
+        if not keep:
+            return
+        if self._size[chain] == self.max_samples:
+            self._halve(chain)
+            if (self._seen[chain] - 1) % self._keep_every[chain]:
+                return
+        self._values[chain, self._size[chain]] = value
+        self._steps[chain, self._size[chain]] = step
+        self._size[chain] += 1
+
+    def _halve(self, chain: int) -> None:
+        size = int(self._size[chain])
+        count = (size + 1) // 2
+        self._values[chain, :count] = self._values[chain, 0:size:2]
+        self._steps[chain, :count] = self._steps[chain, 0:size:2]
+        self._size[chain] = count
+        self._keep_every[chain] *= 2
+
+    def _check_chain(self, chain: int) -> int:
+        count = 1 if self._chains is None else self._chains
+        if not isinstance(chain, (int, np.integer)) or not 0 <= chain < count:
+            raise ValueError(f"`chain` must be an integer in [0, {count}), got {chain!r}.")
+        return int(chain)
+
+    @property
+    def chain_counts(self) -> np.ndarray:
+        """`[C]` (or `[1]`) number of samples each chain holds."""
+        return self._size.copy()
+
+    def chain_samples(self, chain: int) -> np.ndarray:
+        """`[S_k, Nd]`: every sample chain `chain` holds (a copy), oldest first."""
+        chain = self._check_chain(chain)
+        if self._values is None:
+            return np.zeros((0, 0), np.float32)
+        return self._values[chain, : self._size[chain]].copy()
+
+    def chain_steps(self, chain: int) -> np.ndarray:
+        """`[S_k]`: the step of each of `chain_samples(chain)`."""
+        chain = self._check_chain(chain)
+        return self._steps[chain, : self._size[chain]].copy()
 
     @property
     def samples(self) -> np.ndarray:
-        """`[S, Nd]`, or `[C, S, Nd]` for recordings of C chains (a copy)."""
+        """`[S, Nd]`, or `[C, S, Nd]` for C chains: each chain's most recent `S` samples, `S`
+        the smallest count over the chains (all of them when the chains agree; a copy)."""
         if self._values is None:
             return np.zeros((0, 0), np.float32)
-        kept = self._values[: self._size]
-        if kept.ndim == 3:  # Stored [S, C, Nd] as recorded; chains first for the user.
-            return np.ascontiguousarray(np.swapaxes(kept, 0, 1))
-        return kept.copy()
+        if self._chains is None:
+            return self._values[0, : self._size[0]].copy()
+        common = int(self._size.min())
+        return np.stack([self._values[k, self._size[k] - common : self._size[k]] for k in range(self._chains)])
 
     @property
     def steps(self) -> np.ndarray:
-        return self._steps[: self._size].copy()
+        """`[S]`, the step of each sample; `[C, S]` for chains whose `samples` come from
+        different steps (TACT-HMC's)."""
+        if self._chains is None:
+            return self._steps[0, : self._size[0]].copy()
+        common = int(self._size.min())
+        steps = np.stack([self._steps[k, self._size[k] - common : self._size[k]] for k in range(self._chains)])
+        return steps[0].copy() if np.all(steps == steps[:1]) else steps
 
     def get_config(self) -> dict:
         return {

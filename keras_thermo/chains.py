@@ -33,12 +33,12 @@ samplers without per-example statistics, as one `tf.vectorized_map` over the cha
 (`chain_method="vectorized"`); the sampler updates run as a loop over chains.
 `benchmarks/chains.py` measures both.
 
-Recording. `SampleCollector` and `PosteriorAverage` get one `[C, Nd]` row per due step (all
-chains at the same steps, `SampleCollector.samples` `[C, S, Nd]`). For a sampler that yields
-samples only on some steps of a chain (TACT-HMC: on the plateau of its tempering variable) a row
-is recorded when every chain yields one; the chains being independent, that condition does not
-bias any chain's samples, but it keeps fewer of them (about `0.2^C` of the due steps at
-TACT-HMC's default plateau fraction).
+Recording. `SampleCollector` and `PosteriorAverage` get one `[C, Nd]` row per due step at which
+some chain yields a sample, with a mask `[C]` of the chains that do, and keep each chain's own
+samples. With every sampler but TACT-HMC the chains agree (`SampleCollector.samples`
+`[C, S, Nd]`, `steps` `[S]`); TACT-HMC's chains yield samples on the plateau of their own
+tempering variable, at different steps and in different numbers (`SampleCollector.chain_samples(k)`
+and `chain_steps(k)` give chain k's; `samples` each chain's most recent `S`, the smallest count).
 
 Logs. The usual names (`kinetic_temperature`, `configurational_temperature`, `xi`, `potential`,
 `loss`, compiled metrics...) hold chain means; for C <= `MAX_LOGGED_CHAINS` the per-chain

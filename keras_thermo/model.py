@@ -850,10 +850,10 @@ class BayesianModel(keras.Model):
         checked = [p for chain in new_params for p in chain] + [t for t in new_leaves if t.dtype.is_floating]
         ok = self._assign_if_finite(targets, values, checked + potential, state.step, cross, uneven)
         if self._prior_state_variables:
-            self._update_prior_state(new_state.step, temperature, cross)
+            self._update_prior_state(new_state.step, self.sampler.parameter_temperature(chain_states[0], temperature), cross)
         if self._runtime.recorders:
             completed = tf.cast(new_state.step, tf.int64)
-            is_sample = tf.reduce_all([self.sampler.is_sample(s) for s in chain_states])
+            is_sample = tf.stack([self.sampler.is_sample(s) for s in chain_states])  # [C], each chain's own
             is_sample = tf.logical_and(tf.logical_and(ok, is_sample), cross.is_first_local_replica())
             recorded = self._stacked_params() if self.num_chains > 1 else variables  # read after the assignment
             for recorder in self._runtime.recorders:

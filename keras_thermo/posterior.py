@@ -303,9 +303,10 @@ class PosteriorAverage(RecordingCallback):
     Works with `keras_thermo.BayesianModel`, whose `fit` wires the recording into the compiled
     train step. Samples accumulate across successive `fit` calls; `reset()` starts over.
 
-    Several chains (`BayesianModel(num_chains=C)`): every recorded step gives C samples, all
-    pooled into the average (`num_samples` counts them all); `chain_results()` gives each
-    chain's own metrics besides.
+    Several chains (`BayesianModel(num_chains=C)`): every recorded step gives one sample of
+    each chain that yields one there (every chain, except with TACT-HMC, whose chains yield
+    samples on their own plateau steps), all pooled into the average (`num_samples` counts
+    them all); `chain_results()` gives each chain's own metrics besides.
 
     Args:
         data: Held-out examples with labels: `(x, y)` arrays, a finite `tf.data.Dataset` of
@@ -404,11 +405,12 @@ class PosteriorAverage(RecordingCallback):
         sampler = self._predictor.model.sampler
         return float(sampler.step_size_at(tf.constant(int(step) - 1, tf.int64)))
 
-    def consume(self, values: np.ndarray, steps: np.ndarray) -> None:
-        for row, step in zip(values, steps):
+    def consume(self, values: np.ndarray, steps: np.ndarray, masks: np.ndarray | None = None) -> None:
+        for index, (row, step) in enumerate(zip(values, steps)):
             chains = row[None] if row.ndim == 1 else row  # [Nd] of one chain, or [C, Nd]
             for chain, vector in enumerate(chains):
-                self._add(vector, step, chain if row.ndim == 2 else None)
+                if masks is None or masks[index][chain]:  # only the chains that yielded a sample
+                    self._add(vector, step, chain if row.ndim == 2 else None)
 
     def _add(self, vector: np.ndarray, step, chain: int | None) -> None:
         """Adds one sample (of chain `chain`, None for a one-chain model) to the averages."""

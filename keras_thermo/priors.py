@@ -172,7 +172,11 @@ class HierarchicalGaussian(Prior):
 
         lambda_v | w ~ Gamma((alpha + n_v / 2 - 1) / T + 1, (beta + |w_v|^2 / 2) / T),
 
-    the form used here (it is the one above at T = 1). Its shape is positive at every T when
+    the form used here (it is the one above at T = 1). T is the temperature the weights are
+    sampled at after the step, `sampler.parameter_temperature`: under TACT-HMC, whose joint
+    target is `exp(-lambda(xi) U / T - W(xi) / T)`, the conditional given the weights and xi is
+    the one above at `T / lambda(xi)` (T on the plateau, up to 9 T at the walls). Its shape is
+    positive at every T when
     `alpha + n_v / 2 >= 1`, which is required of every variable (a scalar variable needs
     `alpha >= 1/2`).
 

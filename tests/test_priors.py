@@ -156,3 +156,41 @@ def test_alpha_too_small_for_a_scalar_variable_is_refused():
     prior = kt.priors.HierarchicalGaussian(alpha=0.25)
     with pytest.raises(ValueError, match=r"`alpha` 0.25 .* 1 scalar\(s\).*alpha >= 0.5"):
         prior.initial_state(_weights())
+
+
+class _EveryStepPrior(keras.callbacks.Callback):
+    """The weights, TACT-HMC's xi and the prior's precisions after every step."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        model = self.model
+        self.rows.append((
+            [v.numpy() for v in model.trainable_variables],
+            float(model.sampler_state().xi),
+            [float(p) for p in model._prior_state_variables],
+            int(model.sampler_state().step),
+        ))
+
+
+def test_gibbs_draw_under_tact_hmc_uses_the_weights_effective_temperature():
+    # TACT-HMC's joint target is exp(-lambda(xi) U / T - W(xi) / T): given the weights and xi,
+    # the precisions' conditional is the Gibbs draw at theta's effective temperature
+    # T / lambda(xi), not at T (they agree only on the plateau).
+    x, y = testing.linear_regression_data(32, 2, seed=0)
+    prior = kt.priors.HierarchicalGaussian(alpha=1.0, beta=1.0, resample_every=1)
+    sampler = kt.samplers.TACTHMC(step_size=2e-3, xi_step_size=2e-3, noise=0.1, xi_noise=0.1, sample_every=1, num_bins=20)
+    model = kt.BayesianModel(testing.linear_regression_net(2), sampler, num_examples=32, prior=prior, seed=3)
+    model.compile(loss="mse")
+    every = _EveryStepPrior()
+    model.fit(x, y, batch_size=8, epochs=15, verbose=0, callbacks=[every])
+    factors = []
+    for weights, xi, precisions, step in every.rows:
+        temperature = 1.0 / float(sampler.coupling(tf.constant(xi))[0])  # T / lambda(xi), T = 1
+        factors.append(temperature)
+        expected = prior.draw([tf.constant(w) for w in weights], step=tf.constant(step, tf.int64), seed=3, temperature=temperature)
+        np.testing.assert_allclose(precisions, [float(e) for e in expected], rtol=1e-5)
+    # The check covers tempered steps, where T / lambda(xi) differs from T.
+    assert np.mean(np.array(factors) > 1.5) > 0.2, np.quantile(factors, [0.1, 0.5, 0.9])

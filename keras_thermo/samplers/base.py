@@ -341,6 +341,14 @@ class Sampler:
         factors = kt_preconditioning.momentum_factors(state.preconditioner, new)
         return self.masses(new), new, factors
 
+    def parameter_temperature(self, state: NamedTuple, temperature) -> tf.Tensor:
+        """The temperature the weights are sampled at when the chain is at `state`: `T` itself,
+        except for samplers that temper them (TACT-HMC: `T / lambda(xi)`). A prior's Gibbs
+        draw of its hyperparameters after a step uses it (the joint target the weights see is
+        `exp(-U / T_eff)`, hyperparameters' part of U included)."""
+        del state
+        return tf.cast(temperature, tf.float32)
+
     def at_target_temperature(self, state: NamedTuple) -> tf.Tensor:
         """Whether theta is sampled at the temperature T when the chain is at `state` (samplers
         that temper theta, like TACT-HMC, say False off their plateau): the equilibration check

@@ -471,6 +471,11 @@ class TACTHMC(Sampler):
             for r, m in zip(new_state.momentum, masses)
         ]
 
+    def parameter_temperature(self, state: TACTHMCState, temperature) -> tf.Tensor:
+        """theta's effective temperature `T / lambda(xi)` at `state` (T on the plateau)."""
+        lam, _ = self.coupling(state.xi)
+        return tf.cast(temperature, tf.float32) / tf.cast(lam, tf.float32)
+
     def at_target_temperature(self, state: TACTHMCState) -> tf.Tensor:
         """On the plateau `|xi| <= xi0`, where `lambda(xi) = 1` and theta sees T itself."""
         return tf.abs(state.xi) <= self.xi0
