@@ -201,7 +201,7 @@ def potential_scale_reduction(chains: Any, *, split_chains: bool = True) -> np.n
 
 def _load_chains(name: str, value: Any, layout: str, ndim: int):
     """The `[C, S, ...]` array behind `value` (memory-mapped for a `.npy` path), shape-checked."""
-    from keras_thermo.callbacks import SampleCollector  # noqa: PLC0415 (import cycle)
+    from keras_thermo._recording import SampleCollector  # noqa: PLC0415 (TF-heavy, needed rarely)
 
     if isinstance(value, SampleCollector):
         value = value.samples

@@ -43,6 +43,7 @@ from keras_thermo._distribute import (
     replica_local_variable,
     symbolic_inputs,
 )
+from keras_thermo._recording import RecordingCallback
 from keras_thermo._validation import check_bool, check_choice, check_int, check_positive, check_seed
 
 #: How per-example gradient statistics are computed (samplers that need them: CCAdL, mCCAdL).
@@ -1134,8 +1135,6 @@ class BayesianModel(keras.Model):
             )
 
     def _attach_recorders(self, callbacks) -> None:
-        from keras_thermo.callbacks import RecordingCallback  # noqa: PLC0415 (import cycle)
-
         if isinstance(callbacks, keras.callbacks.CallbackList):
             callbacks = callbacks.callbacks
         callbacks = list(callbacks or [])

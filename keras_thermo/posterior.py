@@ -51,7 +51,7 @@ from keras_thermo import grads as kt_grads
 from keras_thermo import metrics as kt_metrics
 from keras_thermo._outputs import activation_hint, loss_hint
 from keras_thermo._validation import check_bool, check_choice, check_int
-from keras_thermo.callbacks import ParameterRecorder, RecordingCallback, SampleCollector
+from keras_thermo._recording import ParameterRecorder, RecordingCallback, SampleCollector
 from keras_thermo.samplers.base import num_scalars
 
 OUTPUTS = ("logits", "probabilities")

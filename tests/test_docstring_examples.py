@@ -7,12 +7,12 @@ import doctest
 import pytest
 
 from benchmarks import run
-from keras_thermo import callbacks, chains, diagnostics, metrics, posterior, priors, random, schedules
+from keras_thermo import _recording, chains, diagnostics, metrics, posterior, priors, random, schedules
 from keras_thermo.samplers import preconditioning
 
 
 @pytest.mark.parametrize(
-    "module", [metrics, diagnostics, posterior, callbacks, schedules, priors, preconditioning, chains, random, run],
+    "module", [metrics, diagnostics, posterior, _recording, schedules, priors, preconditioning, chains, random, run],
     ids=lambda m: m.__name__,
 )
 def test_docstring_examples_run(module):

@@ -25,7 +25,8 @@ Example:
 """
 
 from keras_thermo.per_example.checks import check_per_example_compatible, stochastic_layers, stochastic_setting
-from keras_thermo.per_example.engine import LayerRule, Recording, incompatibility, layer_statistics, register, rule_for
+from keras_thermo.per_example.engine import Recording, incompatibility, layer_statistics
+from keras_thermo.per_example.registry import LayerRule, register, rule_for
 from keras_thermo.per_example.losses import PER_EXAMPLE_MEAN_REDUCTIONS, LossLike, example_loss
 from keras_thermo.per_example.statistics import (
     LayerRows,

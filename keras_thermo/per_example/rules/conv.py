@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import keras
 import tensorflow as tf
 
-from keras_thermo.per_example import engine
+from keras_thermo.per_example import registry
 from keras_thermo.per_example.blocks import ExplicitBlock, FactorBlock, explicit_gradients, uses_factor_form
 from keras_thermo.per_example.rules.dense import positions_of, unsupported_variant
 
@@ -121,7 +121,7 @@ def static_or_dynamic(tensor: tf.Tensor, axis: int) -> Any:
     return int(static) if static is not None else tf.shape(tensor)[axis]
 
 
-class ConvolutionRule(engine.LayerRule):
+class ConvolutionRule(registry.LayerRule):
     layer_types = (keras.layers.Conv1D, keras.layers.Conv2D)
 
     def unsupported(self, layer):
@@ -163,4 +163,4 @@ class ConvolutionRule(engine.LayerRule):
         return [(variables, ExplicitBlock(tf.concat(pieces, axis=1), sizes))]
 
 
-engine.register(ConvolutionRule())
+registry.register(ConvolutionRule())

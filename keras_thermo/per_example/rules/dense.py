@@ -16,7 +16,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from keras_thermo.per_example import engine
+from keras_thermo.per_example import registry
 from keras_thermo.per_example.blocks import ExplicitBlock, factor_or_explicit
 
 
@@ -44,7 +44,7 @@ def shared_kernel_blocks(calls, input_name: str, delta_name: str, variables, has
     return [(variables, factor_or_explicit(inputs, deltas, has_bias))]
 
 
-class DenseRule(engine.LayerRule):
+class DenseRule(registry.LayerRule):
     layer_types = (keras.layers.Dense,)
 
     def unsupported(self, layer):
@@ -63,7 +63,7 @@ class DenseRule(engine.LayerRule):
         return shared_kernel_blocks(calls, "inputs", "d_z", variables, layer.bias is not None)
 
 
-engine.register(DenseRule())
+registry.register(DenseRule())
 
 
 def _einsum_specs(equation: str, rank: int) -> tuple[str, str, str, str]:
@@ -78,7 +78,7 @@ def _einsum_specs(equation: str, rank: int) -> tuple[str, str, str, str]:
     return inputs, kernel, outputs, inputs[0]
 
 
-class EinsumDenseRule(engine.LayerRule):
+class EinsumDenseRule(registry.LayerRule):
     """`EinsumDense`: example i's kernel gradient is the layer's einsum contracted with its
     output error instead of the kernel, `einsum('{in},{out}->b{kernel}')` with `b` the batch
     letter (explicit rows); its bias gradient sums the error over the axes the bias does not
@@ -122,4 +122,4 @@ class EinsumDenseRule(engine.LayerRule):
         return [(variables, ExplicitBlock(tf.concat(columns, axis=1), sizes))]
 
 
-engine.register(EinsumDenseRule())
+registry.register(EinsumDenseRule())

@@ -18,7 +18,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from keras_thermo.per_example import engine
+from keras_thermo.per_example import registry
 from keras_thermo.per_example.blocks import SparseRowsBlock
 from keras_thermo.per_example.rules.dense import unsupported_variant
 
@@ -57,7 +57,7 @@ def _per_example(tensor: tf.Tensor, width: int | None = None) -> tf.Tensor:
     return tf.reshape(tensor, [tf.shape(tensor)[0], -1, *tail])
 
 
-class EmbeddingRule(engine.LayerRule):
+class EmbeddingRule(registry.LayerRule):
     layer_types = (keras.layers.Embedding,)
 
     def unsupported(self, layer):
@@ -78,4 +78,4 @@ class EmbeddingRule(engine.LayerRule):
         return [([layer.embeddings], SparseRowsBlock(rows, present, int(layer.input_dim)))]
 
 
-engine.register(EmbeddingRule())
+registry.register(EmbeddingRule())

@@ -20,7 +20,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from keras_thermo.per_example import engine
+from keras_thermo.per_example import registry
 from keras_thermo.per_example.blocks import ExplicitBlock
 
 
@@ -29,7 +29,7 @@ def _axes(layer, rank: int) -> list[int]:
     return sorted(a % rank for a in axes)
 
 
-class LayerNormalizationRule(engine.LayerRule):
+class LayerNormalizationRule(registry.LayerRule):
     layer_types = (keras.layers.LayerNormalization,)
 
     def forward(self, layer, call, inputs, *args, **kwargs):
@@ -68,4 +68,4 @@ class LayerNormalizationRule(engine.LayerRule):
         return [(variables, ExplicitBlock(tf.concat(columns, axis=1), [int(v.shape.num_elements()) for v in variables]))]
 
 
-engine.register(LayerNormalizationRule())
+registry.register(LayerNormalizationRule())

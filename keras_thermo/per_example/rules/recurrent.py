@@ -34,7 +34,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from keras_thermo.per_example import engine
+from keras_thermo.per_example import registry
 from keras_thermo.per_example.blocks import ExplicitBlock, explicit_gradients, factor_or_explicit
 
 
@@ -69,7 +69,7 @@ def _recurrence(step, inputs, initial_state, *, width, go_backwards=False, mask=
     return outputs[-1], tf.transpose(outputs, [1, 0, 2]), final_states
 
 
-class RecurrentRule(engine.LayerRule):
+class RecurrentRule(registry.LayerRule):
     layer_types = (keras.layers.LSTM, keras.layers.GRU)
 
     def unsupported(self, layer):
@@ -181,4 +181,4 @@ class RecurrentRule(engine.LayerRule):
         ]
 
 
-engine.register(RecurrentRule())
+registry.register(RecurrentRule())
