@@ -56,6 +56,8 @@ def target_draws(num_chains: int, seed: int) -> np.ndarray:
 
 
 def assert_masses(masses, num_chains: int):
+    print("mode masses (mass, standard error):", [(round(m, 4), round(e, 4)) for m, e in masses],  # pytest -s
+          "target", list(THREE_MODES.weights))
     threshold = testing.t_threshold(num_chains, 3, 1e-3)
     for mode, (mass, error) in enumerate(masses):
         assert abs(mass - THREE_MODES.weights[mode]) < threshold * error, (mode, masses, threshold)
