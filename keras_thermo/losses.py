@@ -117,9 +117,9 @@ class GaussianNLL(_LocationScaleNLL):
         >>> round(float(loss(np.zeros((2, 1)), np.zeros((2, 1)))), 4)  # 0.5 log(2 pi)
         0.9189
         >>> learned = GaussianNLL()  # outputs [mean, raw scale]
-        >>> y_pred = np.array([[0.0, 0.5413]], "float32")  # softplus(0.5413) + 1e-3 ~= 1.0
-        >>> round(float(learned(np.zeros((1, 1)), y_pred)), 3)
-        0.919
+        >>> y_pred = np.array([[0.0, 0.0]], "float32")  # sigma = softplus(0) + 1e-3 = 0.6941
+        >>> round(float(learned(np.zeros((1, 1)), y_pred)), 4)  # 0.9189 + log(0.6941)
+        0.5539
     """
 
     def __init__(self, scale=None, min_scale=1e-3, name="gaussian_nll", reduction="sum_over_batch_size", dtype=None):
