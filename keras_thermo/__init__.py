@@ -17,7 +17,8 @@ if _backend != "tensorflow":
     )
 
 from keras_thermo import (  # noqa: E402
-    callbacks, chains, data, diagnostics, metrics, models, per_example, priors, samplers, schedules,
+    callbacks, chains, data, diagnostics, losses, metrics, models, per_example, priors, regression, samplers,
+    schedules,
 )
 # `kt.random` (chain seeds), kept out of `__all__`: a star import must not shadow the standard module.
 from keras_thermo import random  # noqa: E402,F401
@@ -34,11 +35,13 @@ __all__ = [
     "data",
     "diagnostics",
     "evaluate_posterior",
+    "losses",
     "metrics",
     "models",
     "per_example",
     "predict_posterior",
     "priors",
+    "regression",
     "samplers",
     "schedules",
 ]

@@ -1,0 +1,338 @@
+"""Regression likelihoods (`kt.losses`) and predictive mixtures (`kt.regression`): exact values
+against scipy and numerical integration, shapes, the loss read from the compiled model, target
+scaling and argument errors."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from scipy import integrate, optimize, special, stats
+
+import keras_thermo as kt
+from keras_thermo.regression import RegressionPrediction, TargetScaler
+
+
+def _random_mixture(seed, num_samples=5, num_examples=3, num_targets=2, weighted=True):
+    rng = np.random.default_rng(seed)
+    means = rng.normal(scale=2.0, size=(num_samples, num_examples, num_targets))
+    stds = rng.uniform(0.1, 1.5, size=means.shape)
+    weights = rng.uniform(0.2, 1.0, size=num_samples) if weighted else np.ones(num_samples)
+    return means, stds, weights / weights.sum()
+
+
+def _mixture_cdf(z, means, stds, weights):
+    return float(np.sum(weights * stats.norm.cdf(z, means, stds)))
+
+
+def _mixture_pdf(z, means, stds, weights):
+    return float(np.sum(weights * stats.norm.pdf(z, means, stds)))
+
+
+# ---------------------------------------------------------------------------------- exactness
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_mixture_quantiles_are_exact(seed):
+    means, stds, weights = _random_mixture(seed)
+    prediction = RegressionPrediction.from_components(means, stds, weights)
+    levels = [1e-3, 0.05, 0.3, 0.5, 0.9, 0.95, 0.999]
+    quantiles = prediction.quantile(levels)
+    assert quantiles.shape == (len(levels), 3, 2)
+    for k, q in enumerate(levels):
+        for i, d in np.ndindex(3, 2):
+            m, s = means[:, i, d], stds[:, i, d]
+            root = optimize.brentq(lambda z: _mixture_cdf(z, m, s, weights) - q, -50, 50, xtol=1e-14)
+            np.testing.assert_allclose(quantiles[k, i, d], root, atol=1e-9)
+            # The probability below it, integrated numerically from the density.
+            mass = integrate.quad(_mixture_pdf, -np.inf, quantiles[k, i, d], args=(m, s, weights), epsabs=1e-12)[0]
+            np.testing.assert_allclose(mass, q, atol=1e-8)
+    lower, upper = prediction.interval(0.9)
+    np.testing.assert_allclose(lower, quantiles[1], atol=1e-12)
+    np.testing.assert_allclose(upper, quantiles[5], atol=1e-12)
+    np.testing.assert_allclose(prediction.cdf(upper) - prediction.cdf(lower), 0.9, atol=1e-10)
+
+
+def test_quantile_of_a_bimodal_mixture_far_apart():
+    """Two separated modes: the median falls in the gap, where Newton's steps overshoot."""
+    prediction = RegressionPrediction.from_components([[[-20.0]], [[20.0]]], [[[0.5]], [[0.5]]])
+    np.testing.assert_allclose(prediction.quantile(0.5), 0.0, atol=1e-9)
+    np.testing.assert_allclose(prediction.quantile(0.25), -20.0, atol=1e-9)  # the first mode's median
+    np.testing.assert_allclose(prediction.quantile(0.75), 20.0, atol=1e-9)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_crps_is_the_integral_of_the_squared_cdf_difference(seed):
+    means, stds, weights = _random_mixture(seed, num_examples=2)
+    y = np.random.default_rng(seed + 10).normal(scale=2.0, size=(2, 2))
+    crps = RegressionPrediction.from_components(means, stds, weights).crps(y)
+    for i, d in np.ndindex(2, 2):
+        m, s, target = means[:, i, d], stds[:, i, d], y[i, d]
+        below = integrate.quad(lambda z: _mixture_cdf(z, m, s, weights) ** 2, -np.inf, target, epsabs=1e-12)[0]
+        above = integrate.quad(lambda z: (1 - _mixture_cdf(z, m, s, weights)) ** 2, target, np.inf, epsabs=1e-12)[0]
+        np.testing.assert_allclose(crps[i, d], below + above, rtol=1e-8)
+
+
+def test_crps_pair_term_in_blocks_equals_one_block(monkeypatch):
+    means, stds, weights = _random_mixture(3, num_samples=7)
+    y = np.zeros((3, 2))
+    whole = RegressionPrediction.from_components(means, stds, weights).crps(y)
+    monkeypatch.setattr(kt.regression, "_PAIR_BLOCK_ELEMENTS", 1)  # one sample a block
+    np.testing.assert_allclose(RegressionPrediction.from_components(means, stds, weights).crps(y), whole, rtol=1e-12)
+
+
+def test_log_density_is_the_mixture_density_of_all_targets():
+    means, stds, weights = _random_mixture(4)
+    y = np.random.default_rng(0).normal(size=(3, 2))
+    direct = np.log(np.sum(weights[:, None] * np.prod(stats.norm.pdf(y, means, stds), axis=-1), axis=0))
+    prediction = RegressionPrediction.from_components(means, stds, weights)
+    np.testing.assert_allclose(prediction.log_density(y), direct, rtol=1e-12)
+    # Far in the tail, where every density underflows, logsumexp stays finite.
+    far = prediction.log_density(y + 1e3)
+    log_terms = np.sum(stats.norm.logpdf(y + 1e3, means, stds), axis=-1) + np.log(weights)[:, None]
+    np.testing.assert_allclose(far, special.logsumexp(log_terms, axis=0), rtol=1e-12)
+    assert np.all(np.isfinite(far))
+
+
+def test_law_of_total_variance():
+    means, stds, weights = _random_mixture(5)
+    means = means + 1e4  # large common offset: the running sums must not cancel
+    prediction = RegressionPrediction.from_components(means, stds, weights)
+    mean = np.einsum("s,snd->nd", weights, means)
+    epistemic = np.einsum("s,snd->nd", weights, (means - mean) ** 2)
+    aleatoric = np.einsum("s,snd->nd", weights, stds**2)
+    np.testing.assert_allclose(prediction.mean, mean, rtol=1e-14)
+    np.testing.assert_allclose(prediction.epistemic_std, np.sqrt(epistemic), rtol=1e-8)
+    np.testing.assert_allclose(prediction.aleatoric_std, np.sqrt(aleatoric), rtol=1e-12)
+    # The total is the mixture's own variance, integrated numerically.
+    m, s = means[:, 0, 0], stds[:, 0, 0]
+    variance = integrate.quad(lambda z: (z - mean[0, 0]) ** 2 * _mixture_pdf(z, m, s, weights), 1e4 - 30, 1e4 + 30,
+                              points=[1e4], limit=200)[0]
+    np.testing.assert_allclose(prediction.std[0, 0] ** 2, variance, rtol=1e-8)
+
+
+def test_moments_only_mode_refuses_quantiles():
+    prediction = RegressionPrediction(keep_components=False)
+    prediction.add(np.zeros((2, 1)), np.ones((2, 1)))
+    np.testing.assert_allclose(prediction.std, 1.0)
+    with pytest.raises(ValueError, match="keep_components=False"):
+        prediction.interval(0.9)
+
+
+# ---------------------------------------------------------------------------------- losses
+
+
+def test_gaussian_nll_fixed_scale_is_the_exact_negative_log_density():
+    rng = np.random.default_rng(0)
+    y, mu = rng.normal(size=(6, 3)), rng.normal(size=(6, 3))
+    per_example = kt.losses.GaussianNLL(scale=0.7, reduction=None)(y, mu)
+    np.testing.assert_allclose(per_example, -stats.norm.logpdf(y, mu, 0.7).sum(axis=1), rtol=1e-5)
+    np.testing.assert_allclose(kt.losses.GaussianNLL(scale=0.7)(y, mu), np.mean(per_example), rtol=1e-6)
+    # One target given as [n] against outputs [n, 1].
+    np.testing.assert_allclose(
+        kt.losses.GaussianNLL(scale=0.7, reduction=None)(y[:, 0], mu[:, :1]), -stats.norm.logpdf(y[:, 0], mu[:, 0], 0.7),
+        rtol=1e-5,
+    )
+
+
+def test_gaussian_nll_learned_scale_uses_softplus_plus_floor():
+    rng = np.random.default_rng(1)
+    y, mu, raw = rng.normal(size=(5, 2)), rng.normal(size=(5, 2)), rng.normal(scale=3.0, size=(5, 2))
+    sigma = np.log1p(np.exp(raw)) + 1e-3
+    loss = kt.losses.GaussianNLL(reduction=None)
+    np.testing.assert_allclose(
+        loss(y, np.concatenate([mu, raw], axis=1)), -stats.norm.logpdf(y, mu, sigma).sum(axis=1), rtol=1e-5
+    )
+    # The floor keeps the loss finite where softplus underflows.
+    assert np.all(np.isfinite(loss(np.zeros((1, 1)), np.array([[0.0, -200.0]]))))
+
+
+def test_student_t_nll_is_the_exact_negative_log_density():
+    rng = np.random.default_rng(2)
+    y, mu, raw = rng.normal(size=(4, 1)), rng.normal(size=(4, 1)), rng.normal(size=(4, 1))
+    np.testing.assert_allclose(
+        kt.losses.StudentTNLL(df=3.0, scale=0.5, reduction=None)(y, mu),
+        -stats.t.logpdf(y[:, 0], 3.0, mu[:, 0], 0.5), rtol=1e-5,
+    )
+    sigma = np.log1p(np.exp(raw)) + 1e-3
+    np.testing.assert_allclose(
+        kt.losses.StudentTNLL(df=4.5, reduction=None)(y, np.concatenate([mu, raw], axis=1)),
+        -stats.t.logpdf(y[:, 0], 4.5, mu[:, 0], sigma[:, 0]), rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [kt.losses.GaussianNLL(), kt.losses.GaussianNLL(scale=0.3, min_scale=1e-2, name="g"),
+     kt.losses.StudentTNLL(df=5.0, scale=2.0)],
+    ids=["learned", "fixed", "student_t"],
+)
+def test_losses_round_trip_their_config(loss):
+    restored = keras.losses.deserialize(keras.losses.serialize(loss))
+    assert type(restored) is type(loss)
+    assert restored.get_config() == loss.get_config()
+    y, y_pred = np.ones((2, 1)), np.full((2, loss.units_per_target), 0.3)
+    np.testing.assert_allclose(restored(y, y_pred), loss(y, y_pred))
+
+
+def test_a_model_with_the_loss_saves_and_loads(tmp_path):
+    net = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
+    net.compile(loss=kt.losses.GaussianNLL(min_scale=0.01))
+    path = str(tmp_path / "net.keras")
+    net.save(path)
+    loaded = keras.models.load_model(path)
+    assert isinstance(loaded.loss, kt.losses.GaussianNLL) and loaded.loss.min_scale == 0.01
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: kt.losses.GaussianNLL(scale=-1.0), r"`scale` must be in \(0, inf\), got -1.0"),
+        (lambda: kt.losses.GaussianNLL(scale="1"), r"`scale` must be a real number, got '1'"),
+        (lambda: kt.losses.GaussianNLL(min_scale=0.0), r"`min_scale` must be in \(0, inf\), got 0.0"),
+        (lambda: kt.losses.StudentTNLL(df=0), r"`df` must be in \(0, inf\), got 0"),
+    ],
+)
+def test_loss_arguments_are_checked(make, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        make()
+
+
+def test_loss_shape_errors_name_the_shapes():
+    with pytest.raises(ValueError, match=r"two outputs per target.*\(4, 3\)"):
+        kt.losses.GaussianNLL()(np.zeros((4, 1)), np.zeros((4, 3)))
+    with pytest.raises(ValueError, match=r"`y_true` of shape \(4, 2\).*`y_pred` of shape \(4, 2\)"):
+        kt.losses.GaussianNLL()(np.zeros((4, 2)), np.zeros((4, 2)))
+
+
+# ---------------------------------------------------------------------------------- from samples
+
+
+def _net(units):
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(units)])
+
+
+def _forward(net, vector, x):
+    """The net's outputs at a flattened sample, the plain Keras way (weights set, then restored)."""
+    saved = net.get_weights()
+    kernel_size = int(np.prod(net.trainable_variables[0].shape))
+    net.set_weights([vector[:kernel_size].reshape(net.trainable_variables[0].shape), vector[kernel_size:]])
+    outputs = net.predict(x, verbose=0).astype(np.float64)
+    net.set_weights(saved)
+    return outputs
+
+
+def test_predict_posterior_with_a_learned_scale_mixes_the_samples_gaussians():
+    net = _net(4)  # two targets: two means, then two raw scales
+    rng = np.random.default_rng(0)
+    samples = rng.normal(size=(2, 3, net.count_params())).astype(np.float32)  # [C, S, Nd]
+    x = rng.normal(size=(5, 3)).astype(np.float32)
+    loss = kt.losses.GaussianNLL()
+    prediction = kt.regression.predict_posterior(net, samples, x, loss=loss, batch_size=2, verbose=0)
+    outputs = np.stack([_forward(net, v, x) for v in samples.reshape(6, -1)])
+    expected = RegressionPrediction.from_components(outputs[..., :2], np.log1p(np.exp(outputs[..., 2:])) + 1e-3)
+    assert prediction.num_samples == 6
+    np.testing.assert_allclose(prediction.mean, expected.mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(prediction.std, expected.std, rtol=1e-5)
+    np.testing.assert_allclose(prediction.interval(0.8), expected.interval(0.8), rtol=1e-5, atol=1e-6)
+
+
+def _bayesian_model(loss, units=1):
+    model = kt.BayesianModel(_net(units), kt.samplers.SGLD(1e-4), num_examples=8, prior=kt.priors.Gaussian(1.0), seed=0)
+    model.compile(loss=loss)
+    return model
+
+
+def test_evaluate_posterior_reads_the_compiled_loss_and_scores_the_mixture():
+    model = _bayesian_model(kt.losses.GaussianNLL(scale=0.5))
+    x = np.random.default_rng(1).normal(size=(8, 3)).astype(np.float32)
+    y = np.random.default_rng(2).normal(size=(8, 1)).astype(np.float32)
+    collector = kt.callbacks.SampleCollector(every_n_steps=1, max_samples=10)
+    model.fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=[collector])
+    metrics = kt.regression.evaluate_posterior(model, collector, (x, y), levels=(0.5, 0.9), verbose=0)
+    prediction = kt.regression.predict_posterior(model, collector, x, verbose=0)
+    assert metrics["num_samples"] == prediction.num_samples == 4
+    np.testing.assert_allclose(metrics["rmse"], np.sqrt(np.mean((y - prediction.mean) ** 2)), rtol=1e-10)
+    np.testing.assert_allclose(metrics["nll"], -np.mean(prediction.log_density(y)), rtol=1e-10)
+    np.testing.assert_allclose(metrics["crps"], np.mean(prediction.crps(y)), rtol=1e-10)
+    for level, name in [(0.5, "50"), (0.9, "90")]:
+        lower, upper = prediction.interval(level)
+        assert metrics[f"coverage_{name}"] == np.mean((lower <= y) & (y <= upper))
+        np.testing.assert_allclose(metrics[f"interval_width_{name}"], np.mean(upper - lower), rtol=1e-10)
+    # The same from a tf.data pipeline of (x, y) batches, and the streamed metrics alone.
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(3)
+    from_dataset = kt.regression.evaluate_posterior(model, collector, dataset, levels=(0.5, 0.9), verbose=0)
+    assert from_dataset.keys() == metrics.keys()
+    np.testing.assert_allclose(list(from_dataset.values()), list(metrics.values()), rtol=1e-6)
+    streamed = kt.regression.evaluate_posterior(model, collector, (x, y[:, 0]), levels=(), crps=False, verbose=0)
+    assert sorted(streamed) == ["nll", "num_samples", "rmse"]
+    np.testing.assert_allclose(streamed["nll"], metrics["nll"], rtol=1e-10)
+
+
+def test_a_model_without_a_gaussian_loss_is_refused_with_what_to_do():
+    model = _bayesian_model("mse")
+    model(np.zeros((1, 3), np.float32))
+    samples = np.zeros((2, 4), np.float32)
+    with pytest.raises(ValueError, match=r"'mse', not a keras_thermo.losses.GaussianNLL.*scale=0.5 \*\* 0.5"):
+        kt.regression.predict_posterior(model, samples, np.zeros((1, 3), np.float32), verbose=0)
+    with pytest.raises(ValueError, match="StudentTNLL"):
+        kt.regression.predict_posterior(
+            model, samples, np.zeros((1, 3), np.float32), loss=kt.losses.StudentTNLL(df=3.0, scale=1.0), verbose=0
+        )
+    with pytest.raises(ValueError, match=r"outputs 1 units per example.*needs 2 per target"):
+        kt.regression.predict_posterior(model, samples, np.zeros((1, 3), np.float32),
+                                        loss=kt.losses.GaussianNLL(), verbose=0)
+    with pytest.raises(ValueError, match=r"`levels` must be in \(0, 1\), got 90"):
+        kt.regression.evaluate_posterior(model, samples, (np.zeros((1, 3), np.float32), np.zeros(1)),
+                                         loss=kt.losses.GaussianNLL(scale=1.0), levels=(90,), verbose=0)
+
+
+# ---------------------------------------------------------------------------------- target scale
+
+
+def test_target_scaler_reports_predictions_and_metrics_on_the_targets_scale():
+    rng = np.random.default_rng(3)
+    y_train = rng.normal(loc=[100.0, -3.0], scale=[20.0, 0.1], size=(50, 2))
+    scaler = TargetScaler().fit(y_train)
+    np.testing.assert_allclose(scaler.transform(y_train).mean(axis=0), 0.0, atol=1e-12)
+    np.testing.assert_allclose(scaler.transform(y_train).std(axis=0), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(scaler.inverse_transform(scaler.transform(y_train)), y_train, rtol=1e-12)
+    restored = TargetScaler.from_config(scaler.get_config())
+    np.testing.assert_allclose(restored.inverse_transform(np.ones((1, 2))), scaler.inverse_transform(np.ones((1, 2))))
+
+    net = _net(2)
+    samples = rng.normal(size=(3, net.count_params())).astype(np.float32)
+    x = rng.normal(size=(4, 3)).astype(np.float32)
+    y = rng.normal(loc=[100.0, -3.0], scale=[20.0, 0.1], size=(4, 2))
+    loss = kt.losses.GaussianNLL(scale=0.5)
+    standard = kt.regression.predict_posterior(net, samples, x, loss=loss, verbose=0)
+    scaled = kt.regression.predict_posterior(net, samples, x, loss=loss, scaler=scaler, verbose=0)
+    np.testing.assert_allclose(scaled.mean, scaler.inverse_transform(standard.mean), rtol=1e-12)
+    np.testing.assert_allclose(scaled.std, scaler.inverse_transform_std(standard.std), rtol=1e-12)
+    np.testing.assert_allclose(scaled.interval(0.9), scaler.inverse_transform(standard.interval(0.9)), rtol=1e-9)
+    metrics = kt.regression.evaluate_posterior(net, samples, (x, y), loss=loss, scaler=scaler, verbose=0)
+    on_standard_scale = kt.regression.evaluate_posterior(
+        net, samples, (x, scaler.transform(y)), loss=loss, verbose=0
+    )
+    # The density's change of variables: log |dy / dz| = sum_d log std_d per example.
+    np.testing.assert_allclose(metrics["nll"], on_standard_scale["nll"] + np.sum(np.log(scaler.std)), rtol=1e-9)
+    assert metrics["coverage_90"] == on_standard_scale["coverage_90"]
+    with pytest.raises(ValueError, match="not fitted"):
+        TargetScaler().transform(y)
+    with pytest.raises(ValueError, match=r"fitted on 2 target\(s\); values of shape \(4, 3\)"):
+        scaler.inverse_transform(np.zeros((4, 3)))
+
+
+def test_target_scaler_keeps_a_constant_target_unscaled():
+    scaler = TargetScaler().fit(np.full((5, 1), 7.0))
+    np.testing.assert_allclose(scaler.std, 1.0)
+    np.testing.assert_allclose(scaler.transform(np.array([8.0])), 1.0)
+
+
+def test_docstring_examples_run():
+    import doctest  # noqa: PLC0415
+
+    for module in (kt.losses, kt.regression):
+        result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+        assert result.attempted > 0 and result.failed == 0, module.__name__
