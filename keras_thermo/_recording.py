@@ -239,14 +239,19 @@ class SampleCollector(RecordingCallback):
         record_shape = tuple(int(d) for d in recorder.values.shape[1:])  # [Nd] or [C, Nd]
         chains = record_shape[0] if len(record_shape) == 2 else None
         if self._values is None or self._chains != chains or self._values.shape[2] != record_shape[-1]:
-            count = chains or 1
-            self._chains = chains
-            self._values = np.zeros([count, self.max_samples, record_shape[-1]], np.float32)
-            self._steps = np.zeros([count, self.max_samples], np.int64)
-            self._size = np.zeros([count], np.int64)
-            self._seen = np.zeros([count], np.int64)
-            self._keep_every = np.ones([count], np.int64)
+            self.allocate(record_shape[-1], chains)
         return recorder
+
+    def allocate(self, num_params: int, num_chains: int | None = None) -> None:
+        """Empties the store and sizes it for rows of `num_params` of one chain (None) or of
+        `num_chains` chains (done by `attach`; called directly to feed `consume` by hand)."""
+        count = num_chains or 1
+        self._chains = num_chains
+        self._values = np.zeros([count, self.max_samples, num_params], np.float32)
+        self._steps = np.zeros([count, self.max_samples], np.int64)
+        self._size = np.zeros([count], np.int64)
+        self._seen = np.zeros([count], np.int64)
+        self._keep_every = np.ones([count], np.int64)
 
     def consume(self, values: np.ndarray, steps: np.ndarray, masks: np.ndarray | None = None) -> None:
         for index, (value, step) in enumerate(zip(values, steps)):

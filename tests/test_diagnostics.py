@@ -393,8 +393,8 @@ def test_summary_bad_input(kwargs, error, match):
 
 def test_summary_of_a_single_chain_collector_says_it_needs_chains():
     collector = SampleCollector(max_samples=10)
-    collector._values = np.zeros((10, 3), np.float32)  # as after collecting one chain
-    collector._size = 6
+    collector.allocate(3)
+    collector.consume(np.zeros((6, 3), np.float32), np.arange(1, 7))  # six samples of one chain
     with pytest.raises(ValueError, match=r"`samples` must be \[C, S, Nd\].*\(6, 3\) \(one chain\?"):
         summary(collector)
 

@@ -410,9 +410,9 @@ def test_schedules_reach_the_sampler_and_the_model_and_set_what_is_averaged(monk
     averaged = []  # the steps of every sample the posterior averages took
     real_consume = PosteriorAverage.consume
 
-    def consume(self, values, steps):
+    def consume(self, values, steps, masks=None):
         averaged.append(np.asarray(steps).tolist())
-        return real_consume(self, values, steps)
+        return real_consume(self, values, steps, masks)
 
     monkeypatch.setattr(PosteriorAverage, "consume", consume)
     config = run.apply_quick(run.load_config(CONFIGS / "digits_tuned_schedules.yaml"))  # 2 epochs of 21 steps
