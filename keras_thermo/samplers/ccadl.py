@@ -40,6 +40,7 @@ from keras_thermo import random as kt_random
 from keras_thermo._validation import check_choice, check_int
 from keras_thermo.samplers import integrators
 from keras_thermo.samplers.base import (
+    DEFAULT_WARMUP_STEPS,
     StepContext,
     ThermostatSampler,
     force_noise_scale,
@@ -93,6 +94,8 @@ class CCAdL(ThermostatSampler):
             W steps, then an exponential average over about the last W, which forgets burn-in.
         preconditioner: None, `"layerwise"` (exact after its warm-up), `"rmsprop"` (approximate)
             or a `preconditioning.Preconditioner`: the mass becomes `M diag(m)`.
+        warmup_steps: W >= 0 (default 1000): the papers' update restarts at step W with `xi = A`
+            and fresh `p ~ N(0, T M)` (as `SGNHT`; `ThermostatSampler`).
 
     Example:
         >>> import keras_thermo as kt
@@ -119,9 +122,11 @@ class CCAdL(ThermostatSampler):
         max_full_params: int = DEFAULT_MAX_FULL_PARAMS,
         covariance_window: int | None = None,
         preconditioner=None,
+        warmup_steps: int = DEFAULT_WARMUP_STEPS,
     ):
         super().__init__(
-            step_size, friction=friction, thermal_mass=thermal_mass, mass=mass, preconditioner=preconditioner
+            step_size, friction=friction, thermal_mass=thermal_mass, mass=mass, preconditioner=preconditioner,
+            warmup_steps=warmup_steps,
         )
         self.covariance = check_choice("covariance", covariance, ("diag", "full"))
         self.max_full_params = check_int("max_full_params", max_full_params, low=1)
@@ -193,6 +198,7 @@ class CCAdL(ThermostatSampler):
         mass, preconditioner, factors = self.precondition(state, force)
         if factors is not None:
             state = state._replace(momentum=[p * c for p, c in zip(state.momentum, factors)])
+        state, _ = self.restart_after_warmup(state, params, context, mass)
 
         average = self._moving_average(state, per_example, params)
         if self.preconditioner is None:
