@@ -419,10 +419,19 @@ class ThermostatSampler(Sampler):
         momentum = sample_momentum(params, seed=seed, temperature=temperature, mass=self.mass)
         return momentum, tf.constant(self.friction, integrators.THERMOSTAT_DTYPE)
 
+    def steps_since_start(self, step: tf.Tensor) -> tf.Tensor:
+        """The papers' step counter of the step whose state has counter `step`: `step`, and from
+        the restart after the warm-up on `step - warmup_steps` (0 at the restart), so that
+        every running estimate of the papers' algorithm (CCAdL's `I_t`) starts afresh there."""
+        if self.warmup_steps == 0:
+            return step
+        return tf.where(step >= self.warmup_steps, step - self.warmup_steps, step)
+
     def restart_xi(self, state: NamedTuple, params, context: StepContext, mass) -> tf.Tensor:
         """xi of the restart after the warm-up (float64): A, the papers' `xi_0`, which is also
         the stationary value of the samplers whose covariance friction removes the gradient
-        noise's heat (CCAdL, mCCAdL)."""
+        noise's heat (CCAdL, mCCAdL; CCAdL's only with its covariance estimate restarted too,
+        `steps_since_start`)."""
         del state, params, context, mass
         return tf.cast(self.read_setting("friction"), integrators.THERMOSTAT_DTYPE)
 
