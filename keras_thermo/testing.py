@@ -316,3 +316,108 @@ def load_strict_json(path) -> object:
 
     with open(path, encoding="utf-8") as handle:
         return json.load(handle, parse_constant=reject)
+
+
+def default_initial_params(num_features: int, num_chains: int, *, seed: int) -> np.ndarray:
+    """`[C, num_features + 1]` starts `[kernel..., bias]` of `linear_regression_net` drawn with
+    Keras' default initializers (Glorot-uniform kernel, zero bias), as `BayesianModel` draws its
+    chains' starts (`keras_thermo.chains.redrawn_initial_weights`), chain k from seed `seed + k`."""
+    from keras_thermo import chains as kt_chains  # noqa: PLC0415
+
+    net = linear_regression_net(num_features)
+    starts = []
+    for chain in range(num_chains):
+        kernel, bias = kt_chains.redrawn_initial_weights(net, net.trainable_variables, seed + chain)
+        starts.append(np.concatenate([kernel.reshape(-1), bias.reshape(-1)]))
+    return np.asarray(starts, np.float32)
+
+
+def simulate_regression_chains(
+    make_sampler: Callable[[], kt.samplers.Sampler],
+    x: np.ndarray,
+    y: np.ndarray,
+    starts: np.ndarray,
+    *,
+    num_steps: int,
+    batch_size: int,
+    burn_in_steps: int,
+    prior_std: float = 1.0,
+    temperature: float = 1.0,
+    seed: int = 0,
+) -> ChainResult:
+    """Chains of `sampler.update` on the linear regression of `run_chains` in one compiled loop,
+    without `BayesianModel` (about 10x cheaper per step for a model this small).
+
+    Every step draws a minibatch of `batch_size` examples with replacement, and gives the sampler
+    what `BayesianModel.fit` gives it for `loss="mse"` and `kt.priors.Gaussian(prior_std)`: the
+    force `-(N mean_batch grad l_i + theta / prior_std^2)`, the potential, and the per-example
+    gradients `grad l_i` `[n, Nd]` (for CCAdL and mCCAdL). Chain c starts at `starts[c]` with its
+    own noise (the sampler's, keyed by `seed + c`, and the minibatches').
+
+    Returns:
+        `ChainResult` with samples `[C, S, Nd]` (every step after `burn_in_steps`) and logs
+        `{"kinetic_temperature", "xi"}` `[C, num_steps]` (xi only for samplers that log it).
+    """
+    from keras_thermo.samplers.base import StepContext  # noqa: PLC0415
+
+    class TensorSeedContext(StepContext):
+        """A context whose noise is keyed by a tensor seed (one compiled loop for all chains)."""
+
+        def normal(self, step, like, stream):
+            key = tf.random.experimental.stateless_fold_in(
+                tf.stack([tf.cast(self.seed, tf.int32), tf.constant(stream, tf.int32)]), tf.cast(step, tf.int32)
+            )
+            return kt.random.normal_like(key, like)
+
+    sampler = make_sampler()
+    design = tf.constant(np.concatenate([x, np.ones((len(x), 1))], axis=1).astype(np.float32))
+    targets = tf.constant(np.asarray(y, np.float32).reshape(-1))
+    num_examples, dim = design.shape
+    precision = 1.0 / prior_std**2
+    starts = np.asarray(starts, np.float32)
+    probe = sampler.init([tf.constant(starts[0])], temperature=temperature, seed=seed)
+    logs = ["kinetic_temperature"] + (["xi"] if hasattr(probe, "xi") else [])
+
+    @tf.function(jit_compile=True)
+    def run(theta, chain_seed):
+        state = sampler.init([theta], temperature=temperature, seed=seed)
+        # The state's init draw is keyed by the integer seed; re-draw p_0 with this chain's key.
+        if hasattr(state, "momentum"):
+            draw = TensorSeedContext(temperature, 1, tf.constant(1.0), tf.constant(0.0), chain_seed)
+            noise = draw.normal(tf.constant(0, tf.int64), [theta], kt.random.STREAM_INIT)
+            state = state._replace(momentum=[float(temperature) ** 0.5 * noise[0] * float(getattr(sampler, "mass", 1.0)) ** 0.5])
+
+        def body(index, state, theta, samples, traces):
+            indices = tf.random.stateless_uniform(
+                [batch_size], seed=tf.stack([chain_seed, index + 2**20]), maxval=num_examples, dtype=tf.int32
+            )
+            rows = tf.gather(design, indices)
+            residual = tf.linalg.matvec(rows, theta) - tf.gather(targets, indices)
+            per_example = 2.0 * residual[:, None] * rows
+            force = -(num_examples * tf.reduce_mean(per_example, axis=0) + precision * theta)
+            potential = num_examples * tf.reduce_mean(tf.square(residual)) + 0.5 * precision * tf.reduce_sum(tf.square(theta))
+            context = TensorSeedContext(
+                temperature, num_examples, tf.constant(float(batch_size)), potential, chain_seed, per_example,
+            )
+            params, state, diagnostics = sampler.update(state, [theta], [force], context)
+            samples = samples.write(index, params[0])
+            traces = [t.write(index, tf.cast(diagnostics[k], tf.float32)) for t, k in zip(traces, logs)]
+            return index + 1, state, params[0], samples, traces
+
+        arrays = (tf.TensorArray(tf.float32, size=num_steps), [tf.TensorArray(tf.float32, size=num_steps) for _ in logs])
+        _, _, _, samples, traces = tf.while_loop(
+            lambda index, *_: index < num_steps, body, (tf.constant(0), state, theta, *arrays)
+        )
+        return samples.stack(), [t.stack() for t in traces]
+
+    all_samples, all_logs = [], {k: [] for k in logs}
+    for chain, start in enumerate(starts):
+        samples, traces = run(tf.constant(start), tf.constant(seed + chain, tf.int32))
+        all_samples.append(samples.numpy()[burn_in_steps:])
+        for key, trace in zip(logs, traces):
+            all_logs[key].append(trace.numpy())
+    steps = np.arange(burn_in_steps + 1, num_steps + 1)
+    return ChainResult(
+        samples=np.stack(all_samples), logs={k: np.stack(v) for k, v in all_logs.items()},
+        steps=np.broadcast_to(steps, (len(starts), len(steps))).copy(),
+    )

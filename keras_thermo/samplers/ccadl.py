@@ -40,6 +40,7 @@ from keras_thermo import random as kt_random
 from keras_thermo._validation import check_choice, check_int
 from keras_thermo.samplers import integrators
 from keras_thermo.samplers.base import (
+    DEFAULT_WARMUP_STEPS,
     StepContext,
     ThermostatSampler,
     force_noise_scale,
@@ -93,6 +94,10 @@ class CCAdL(ThermostatSampler):
             W steps, then an exponential average over about the last W, which forgets burn-in.
         preconditioner: None, `"layerwise"` (exact after its warm-up), `"rmsprop"` (approximate)
             or a `preconditioning.Preconditioner`: the mass becomes `M diag(m)`.
+        warmup_steps: W >= 0 (default 1000): the papers' update restarts at step W with `xi = A`,
+            fresh `p ~ N(0, T M)` and the covariance average `I_t` started again (`k = 1` at
+            step W, so the warm-up's covariance is forgotten; `average_weight`), as `SGNHT`
+            (`ThermostatSampler`).
 
     Example:
         >>> import keras_thermo as kt
@@ -119,9 +124,11 @@ class CCAdL(ThermostatSampler):
         max_full_params: int = DEFAULT_MAX_FULL_PARAMS,
         covariance_window: int | None = None,
         preconditioner=None,
+        warmup_steps: int = DEFAULT_WARMUP_STEPS,
     ):
         super().__init__(
-            step_size, friction=friction, thermal_mass=thermal_mass, mass=mass, preconditioner=preconditioner
+            step_size, friction=friction, thermal_mass=thermal_mass, mass=mass, preconditioner=preconditioner,
+            warmup_steps=warmup_steps,
         )
         self.covariance = check_choice("covariance", covariance, ("diag", "full"))
         self.max_full_params = check_int("max_full_params", max_full_params, low=1)
@@ -150,8 +157,16 @@ class CCAdL(ThermostatSampler):
         )
 
     def average_weight(self, step: tf.Tensor) -> tf.Tensor:
-        """`k_t` (float64) of the step whose state has counter `step` (t = step + 1)."""
-        weight = 1.0 / tf.cast(step + 1, integrators.THERMOSTAT_DTYPE)
+        """`k_t` (float64) of the step whose state has counter `step`: t = step + 1, counted
+        again from the restart after the warm-up (`steps_since_start`), where `k_t = 1` replaces
+        the average by the current `V`.
+
+        From a far start the warm-up's per-example gradients vary far more than at the posterior;
+        a 1/t average over them keeps Sigma too large for thousands of steps after the restart.
+        The covariance friction `(h/2) beta Sigma` is several times A at the step sizes where
+        CCAdL is stable, so a few percent of excess friction holds the chain cold while xi,
+        restarted at A, sinks below A to make up for it (too slowly to keep the temperature)."""
+        weight = 1.0 / tf.cast(self.steps_since_start(step) + 1, integrators.THERMOSTAT_DTYPE)
         if self.covariance_window is None:
             return weight
         return tf.maximum(weight, tf.constant(1.0 / self.covariance_window, integrators.THERMOSTAT_DTYPE))
@@ -193,6 +208,7 @@ class CCAdL(ThermostatSampler):
         mass, preconditioner, factors = self.precondition(state, force)
         if factors is not None:
             state = state._replace(momentum=[p * c for p, c in zip(state.momentum, factors)])
+        state, _ = self.restart_after_warmup(state, params, context, mass)
 
         average = self._moving_average(state, per_example, params)
         if self.preconditioner is None:

@@ -165,7 +165,9 @@ def opening_kick_scale(step: tf.Tensor) -> tf.Tensor:
     return tf.where(tf.equal(step, 0), 0.5, 1.0)
 
 
-def symmetric_step(state, params, force, h, context, *, ou_kwargs, thermostat_kwargs, covariance_step=None):
+def symmetric_step(
+    state, params, force, h, context, *, ou_kwargs, thermostat_kwargs, covariance_step=None, fresh_start=False
+):
     """One step of the symmetric splitting B A O D [C] D O A B, with one force per step.
 
     Shared by SGNHT (`integrator="symmetric"`, no C step) and mCCAdL (with its C step). The
@@ -182,6 +184,9 @@ def symmetric_step(state, params, force, h, context, *, ou_kwargs, thermostat_kw
         ou_kwargs: Keyword arguments of `ornstein_uhlenbeck` (A, T, M).
         thermostat_kwargs: Keyword arguments of `thermostat` (mu, Nd, T, M).
         covariance_step: Optional `momentum -> (momentum, extras)`, the C step.
+        fresh_start: Whether `state.momentum` was just drawn afresh (a restart after the warm-up,
+            `ThermostatSampler.restart_after_warmup`): like the first step, there is no closing
+            half kick to merge, so the kick is `h F / 2`.
 
     Returns:
         `(params, momentum, xi, kinetic_temperature, extras)`. `kinetic_temperature` is the mean
@@ -190,7 +195,7 @@ def symmetric_step(state, params, force, h, context, *, ou_kwargs, thermostat_kw
     """
     half = 0.5 * h
     mass = ou_kwargs["mass"]
-    first_step = tf.equal(state.step, 0)
+    first_step = tf.logical_or(tf.equal(state.step, 0), fresh_start)
     momentum = kick(state.momentum, force, tf.where(first_step, 0.5, 1.0) * h)  # B B
     new_params = drift(params, momentum, half, mass)  # A
     noise = context.normal(state.step, params, STREAM_MOMENTUM)

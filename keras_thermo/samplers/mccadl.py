@@ -36,6 +36,7 @@ from keras_thermo.linalg.operators import CenteredRows, symmetrized
 from keras_thermo._validation import check_choice
 from keras_thermo.samplers import integrators
 from keras_thermo.samplers.base import (
+    DEFAULT_WARMUP_STEPS,
     StepContext,
     ThermostatSampler,
     force_noise_scale,
@@ -168,6 +169,8 @@ class MCCAdL(ThermostatSampler):
             (the cheaper of the two for each step).
         preconditioner: None, `"layerwise"` (exact after its warm-up), `"rmsprop"` (approximate)
             or a `preconditioning.Preconditioner`: the mass becomes `M diag(m)`.
+        warmup_steps: W >= 0 (default 1000): the papers' update restarts at step W with `xi = A`
+            and fresh `p ~ N(0, T M)` (as `SGNHT`; `ThermostatSampler`).
 
     Example:
         >>> from keras_thermo.samplers.mccadl import MCCAdL
@@ -193,9 +196,11 @@ class MCCAdL(ThermostatSampler):
         mass: float = 1.0,
         expm: str = "auto",
         preconditioner=None,
+        warmup_steps: int = DEFAULT_WARMUP_STEPS,
     ):
         super().__init__(
-            step_size, friction=friction, thermal_mass=thermal_mass, mass=mass, preconditioner=preconditioner
+            step_size, friction=friction, thermal_mass=thermal_mass, mass=mass, preconditioner=preconditioner,
+            warmup_steps=warmup_steps,
         )
         self.expm = check_choice("expm", expm, kt_linalg.dispatch.METHODS)
 
@@ -216,6 +221,7 @@ class MCCAdL(ThermostatSampler):
         mass, preconditioner, factors = self.precondition(state, force)
         if factors is not None:
             state = state._replace(momentum=[p * c for p, c in zip(state.momentum, factors)])
+        state, restarted = self.restart_after_warmup(state, params, context, mass)
         if self.preconditioner is None:
             # The papers' Sigma is the force covariance over the mass, (N^2/n) Gc^T Gc / ((n-1) M),
             # so h (h/2) beta Sigma = tau Gc^T Gc with:
@@ -249,6 +255,7 @@ class MCCAdL(ThermostatSampler):
         new_params, momentum, xi, kinetic, (matvecs, method_code) = integrators.symmetric_step(
             state, params, force, h, context, ou_kwargs=self.ou_kwargs(context, mass),
             thermostat_kwargs=self.thermostat_kwargs(params, context, mass), covariance_step=c_step,
+            fresh_start=restarted,
         )
 
         diagnostics = {

@@ -20,13 +20,17 @@ import tensorflow as tf
 from keras_thermo import random as kt_random
 from keras_thermo._validation import check_choice
 from keras_thermo.samplers import integrators
-from keras_thermo.samplers.base import StepContext, ThermostatSampler
+from keras_thermo.samplers.base import DEFAULT_WARMUP_STEPS, StepContext, ThermostatSampler
 
 
 class SGNHTState(NamedTuple):
+    """`heat`: the sum of `xi K` (friction times kinetic temperature) over the second half of
+    the warm-up, which sets xi at its end (`SGNHT.restart_xi`); float64."""
+
     step: tf.Tensor
     momentum: list
     xi: tf.Tensor
+    heat: tf.Tensor = 0.0
     preconditioner: tuple = ()
 
 
@@ -45,6 +49,10 @@ class SGNHT(ThermostatSampler):
         integrator: `"euler"` (Algorithm 1) or `"symmetric"` (BAODDOAB).
         preconditioner: None, `"layerwise"` (exact after its warm-up), `"rmsprop"` (approximate)
             or a `preconditioning.Preconditioner`: the mass becomes `M diag(m)`.
+        warmup_steps: W >= 0 (default 1000): after W steps of the papers' update the algorithm
+            restarts from the weights reached, with `xi = A` and fresh `p ~ N(0, T M)`, which
+            leaves behind the large xi that absorbing a far start leaves (`ThermostatSampler`).
+            Samples count from step W on; 0 runs the papers' algorithm from the first step.
 
     Example:
         >>> import keras_thermo as kt
@@ -64,16 +72,19 @@ class SGNHT(ThermostatSampler):
         mass: float = 1.0,
         integrator: str = "euler",
         preconditioner=None,
+        warmup_steps: int = DEFAULT_WARMUP_STEPS,
     ):
         super().__init__(
-            step_size, friction=friction, thermal_mass=thermal_mass, mass=mass, preconditioner=preconditioner
+            step_size, friction=friction, thermal_mass=thermal_mass, mass=mass, preconditioner=preconditioner,
+            warmup_steps=warmup_steps,
         )
         self.integrator = check_choice("integrator", integrator, ("euler", "symmetric"))
 
     def init(self, params: Sequence[tf.Tensor], *, temperature: float, seed: int) -> SGNHTState:
         momentum, xi = self.initial_momentum_and_xi(params, temperature=temperature, seed=seed)
         return SGNHTState(
-            step=tf.constant(0, tf.int64), momentum=momentum, xi=xi, preconditioner=self.init_preconditioner(params)
+            step=tf.constant(0, tf.int64), momentum=momentum, xi=xi, heat=tf.constant(0.0, integrators.THERMOSTAT_DTYPE),
+            preconditioner=self.init_preconditioner(params),
         )
 
     def update(self, state: SGNHTState, params, force, context: StepContext):
@@ -81,6 +92,7 @@ class SGNHT(ThermostatSampler):
         mass, preconditioner, factors = self.precondition(state, force)
         if factors is not None:
             state = state._replace(momentum=[p * c for p, c in zip(state.momentum, factors)])
+        state, restarted = self.restart_after_warmup(state, params, context, mass)
         ou_kwargs = self.ou_kwargs(context, mass)
         thermostat_kwargs = self.thermostat_kwargs(params, context, mass)
         if self.integrator == "euler":
@@ -91,7 +103,8 @@ class SGNHT(ThermostatSampler):
             kinetic = integrators.kinetic_temperature(momentum, mass, thermostat_kwargs["num_params"])
         else:
             new_params, momentum, xi, kinetic, _ = integrators.symmetric_step(
-                state, params, force, h, context, ou_kwargs=ou_kwargs, thermostat_kwargs=thermostat_kwargs
+                state, params, force, h, context, ou_kwargs=ou_kwargs, thermostat_kwargs=thermostat_kwargs,
+                fresh_start=restarted,
             )
         diagnostics = {
             # At the point the thermostat sees: it averages T exactly once xi is stationary.
@@ -99,8 +112,38 @@ class SGNHT(ThermostatSampler):
             "step_size": h,
             "xi": integrators.as_float32(xi),
         }
-        new_state = SGNHTState(step=state.step + 1, momentum=momentum, xi=xi, preconditioner=preconditioner)
+        new_state = SGNHTState(
+            step=state.step + 1, momentum=momentum, xi=xi, heat=self._accumulated_heat(state, kinetic),
+            preconditioner=preconditioner,
+        )
         return new_params, new_state, diagnostics
+
+    def _heat_window(self) -> tuple[int, int]:
+        """`[first, end)` steps of the warm-up whose `xi K` `heat` sums: its second half."""
+        return self.warmup_steps // 2, self.warmup_steps
+
+    def _accumulated_heat(self, state: SGNHTState, kinetic) -> tf.Tensor:
+        first, end = self._heat_window()
+        f64 = integrators.THERMOSTAT_DTYPE
+        inside = tf.logical_and(state.step >= first, state.step < end)
+        term = tf.cast(state.xi, f64) * tf.cast(kinetic, f64)
+        return tf.cast(state.heat, f64) + tf.where(inside, term, tf.zeros_like(term))
+
+    def restart_xi(self, state: SGNHTState, params, context: StepContext, mass) -> tf.Tensor:
+        """xi of the restart after the warm-up: the friction that balances the heat the chain
+        takes in, `max(A, <xi K> / T)`, averaged over the second half of the warm-up.
+
+        There the chain is in the quasi-stationary state of its (slowly moving) friction xi,
+        with `xi K = A T + (h/2) sigma^2` per coordinate on average (injected plus gradient-noise
+        heat), and the stationary xi at temperature T is that heat over T (SGNHT's xi does not
+        settle at A under gradient noise). From A, or from a one-step estimate (K has Nd degrees
+        of freedom), the thermostat takes thousands of steps to reach it, the chain hot meanwhile.
+        """
+        del params, mass
+        first, end = self._heat_window()
+        f64 = integrators.THERMOSTAT_DTYPE
+        balanced = tf.cast(state.heat, f64) / (float(end - first) * tf.cast(context.temperature, f64))
+        return tf.maximum(super().restart_xi(state, None, context, None), balanced)
 
     def get_config(self):
         return {**super().get_config(), "integrator": self.integrator}
