@@ -37,7 +37,7 @@ def _ccadl_step(sampler, step, average, variance):
 def test_ccadl_running_mean_still_moves_after_a_million_steps():
     """At t = 1e6 a 5% change of V moves I_t by 5e-8 (float32: half an ulp of 1 is 6e-8)."""
     step = 1_000_000
-    new = _ccadl_step(kt.samplers.CCAdL(1e-4), step, [1.0, 1.0], 1.05)
+    new = _ccadl_step(kt.samplers.CCAdL(1e-4, warmup_steps=0), step, [1.0, 1.0], 1.05)
     # V itself is a float32 estimate (relative error ~1e-7 of 1.05, i.e. ~2e-6 of V - 1).
     np.testing.assert_allclose(new - 1.0, 0.05 / (step + 1), rtol=1e-5)
 
@@ -45,7 +45,7 @@ def test_ccadl_running_mean_still_moves_after_a_million_steps():
 @pytest.mark.parametrize("window, step, weight", [(None, 9, 0.1), (None, 999, 1e-3), (100, 9, 0.1), (100, 999, 0.01)])
 def test_ccadl_average_weight(window, step, weight):
     """`k_t = 1/t` (t = step + 1), floored at 1/W with `covariance_window=W`."""
-    sampler = kt.samplers.CCAdL(1e-4, covariance_window=window)
+    sampler = kt.samplers.CCAdL(1e-4, covariance_window=window, warmup_steps=0)
     assert float(sampler.average_weight(tf.constant(step, tf.int64))) == pytest.approx(weight, rel=1e-12)
 
 
@@ -54,7 +54,7 @@ def test_ccadl_covariance_window_forgets_the_burn_in_covariance():
     exp(-200/50) in 200 steps; the paper's 1/t average still remembers about 100 * 1000/1200."""
     results = {}
     for window in (None, 50):
-        sampler = kt.samplers.CCAdL(1e-4, covariance_window=window)
+        sampler = kt.samplers.CCAdL(1e-4, covariance_window=window, warmup_steps=0)
         average = [100.0, 100.0]
         for step in range(1000, 1200):
             average = _ccadl_step(sampler, step, average, 1.0)
