@@ -19,8 +19,10 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m benchmarks.demo --out runs/demo
 
+# Two worker processes: the tests are single-threaded at heart (small TensorFlow ops), so two
+# processes use both cores of a 2-core machine.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
