@@ -30,6 +30,12 @@ SLOW_CASES = {
     "tests/test_runner.py::test_reported_and_ood_runs_fall_back_when_the_choice_diverges",
     "tests/test_compile_modes.py::test_xla_with_steps_per_execution_matches_the_graph_without_noise[mccadl-dense_layers]",
     "tests/test_models.py::test_per_example_gradients_vectorize[fashion_mnist_lstm-input_shape1-10]",
+    "tests/test_statistical_ccadl.py::test_thermostat_check_rejects_a_wrong_covariance_friction[ccadl-beta-left-out-T2]",
+    "tests/test_statistical_ccadl.py::test_sgnht_xi_settles_where_the_energy_balance_puts_it",
+    "tests/test_multi_worker.py::test_workers_reproduce_the_single_process_run",
+    "tests/test_multi_worker.py::test_workers_take_every_step_and_hold_identical_weights[mccadl_vectorized]",
+    "tests/test_tact_chains.py::test_each_tact_chain_keeps_the_weights_of_its_own_plateau_steps",
+    "tests/test_chains.py::test_a_batch_that_does_not_split_over_the_chains_stops_fit_and_moves_nothing[True]",
 }
 
 

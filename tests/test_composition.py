@@ -4,7 +4,8 @@ a resumed `fit` that must continue bit for bit.
 
 Two all-pairs coverings of the other six factors (every pair of levels of any two factors appears
 in some row, `all_pairs`), one compiled by TensorFlow and one by XLA, together cover every pair of
-all seven factors. The default suite runs the first; the XLA covering and the full product are
+all seven factors. The default suite runs the first without the resumed fit (two more traced
+steps per row); the same covering with the resumed fit, the XLA covering and the full product are
 slow tests, because XLA's compilation of the CCAdL and mCCAdL steps takes a minute or more per
 row on a CPU (`pytest -m slow tests/test_composition.py --durations=0`). A combination the
 library does not support must be refused at construction or compile with a clear error: those
@@ -110,7 +111,7 @@ def _build(row: dict):
     return model, x, y
 
 
-def check_combination(row: dict, tmp_path) -> None:
+def check_combination(row: dict, tmp_path, resume: bool = True) -> None:
     refused = _unsupported(row)
     if refused is not None:
         with pytest.raises(refused[0], match=refused[1]):
@@ -129,6 +130,8 @@ def check_combination(row: dict, tmp_path) -> None:
     for chain in range(row["num_chains"]):
         for a, b in zip(model.chain_weights(chain), loaded.chain_weights(chain)):
             np.testing.assert_array_equal(a, b)
+    if not resume:
+        return
     # The resumed run continues the original bit for bit (same batches, noise and state).
     model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
     loaded.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
@@ -153,6 +156,14 @@ def test_the_two_coverings_hold_every_pair_of_the_seven_factors():
 
 @pytest.mark.parametrize("row", PAIRS, ids=[_id(r) for r in PAIRS])
 def test_every_pair_of_features_composes(row, tmp_path):
+    # The resumed fit retraces two train steps per row: its check runs with the slow coverings
+    # (and, per sampler, in test_model.py / test_chains.py's resume tests).
+    check_combination(row, tmp_path, resume=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", PAIRS, ids=[_id(r) for r in PAIRS])
+def test_every_pair_of_features_composes_and_resumes(row, tmp_path):
     check_combination(row, tmp_path)
 
 
