@@ -36,6 +36,13 @@ SLOW_CASES = {
     "tests/test_multi_worker.py::test_workers_take_every_step_and_hold_identical_weights[mccadl_vectorized]",
     "tests/test_tact_chains.py::test_each_tact_chain_keeps_the_weights_of_its_own_plateau_steps",
     "tests/test_chains.py::test_a_batch_that_does_not_split_over_the_chains_stops_fit_and_moves_nothing[True]",
+    "tests/test_statistical_ccadl.py::test_posterior_and_thermostat[mccadl-T2-M0.5]",
+    "tests/test_fit_minibatches.py::test_the_check_rejects_keras_reshuffled_epochs",
+    "tests/test_distribute_data.py::test_every_run_trains_on_the_batches_of_a_plain_single_device_keras_fit",
+    "tests/test_thermostat_precision.py::test_ccadl_covariance_window_forgets_the_burn_in_covariance",
+    "tests/test_compile_modes.py::test_xla_with_steps_per_execution_matches_the_graph_without_noise[sgnht_symmetric]",
+    "tests/test_compile_modes.py::test_xla_with_steps_per_execution_matches_the_graph_without_noise[tact_hmc]",
+    "tests/test_compile_modes.py::test_xla_with_steps_per_execution_matches_the_graph_without_noise[sgld]",
 }
 
 
