@@ -43,6 +43,10 @@ SLOW_CASES = {
     "tests/test_compile_modes.py::test_xla_with_steps_per_execution_matches_the_graph_without_noise[sgnht_symmetric]",
     "tests/test_compile_modes.py::test_xla_with_steps_per_execution_matches_the_graph_without_noise[tact_hmc]",
     "tests/test_compile_modes.py::test_xla_with_steps_per_execution_matches_the_graph_without_noise[sgld]",
+    "tests/test_statistical.py::test_posterior_mean_and_variances_short[sgnht-euler-isotropic-noise]",
+    "tests/test_stream_sensitivity.py::test_one_control_on_one_draw_reports_its_seeds_and_restores_the_draw",
+    "tests/test_tact_hmc.py::test_euler_friction_diverges_where_exact_friction_recovers_the_modes",
+    "tests/test_distribute.py::test_recording_callbacks_match_single_device",
 }
 
 
