@@ -10,6 +10,7 @@ into a small buffer of variables that the callback drains after each execution
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Sequence
 
 import keras
@@ -123,6 +124,7 @@ class RecordingCallback(keras.callbacks.Callback):
         self.every_n_steps = check_int("every_n_steps", every_n_steps, low=1)
         self.recorder: ParameterRecorder | None = None
         self._sampling_period = 1
+        self._recorded_this_fit = 0
 
     def attach(self, model) -> ParameterRecorder:
         self._check_sampling_period(model.sampler)
@@ -180,12 +182,34 @@ class RecordingCallback(keras.callbacks.Callback):
         values, steps, masks = self.recorder.drain()
         if len(steps):
             self.consume(values, steps, masks)
+            self._recorded_this_fit += len(steps)
+
+    def on_train_begin(self, logs=None):
+        self._recorded_this_fit = 0
 
     def on_train_batch_end(self, batch, logs=None):
         self._drain()
 
     def on_train_end(self, logs=None):
         self._drain()
+        self._warn_if_not_at_temperature()
+
+    def _warn_if_not_at_temperature(self) -> None:
+        """Warns when this fit recorded samples while the model's temperature check (see
+        `BayesianModel.temperature_check`) finds the run out of band at its end."""
+        report = getattr(self.model, "temperature_report", lambda: None)()
+        if not self._recorded_this_fit or report is None or report["equilibrated"] is not False:
+            return
+        figure = report["overall"]["configurational"]
+        warnings.warn(
+            f"{type(self).__name__} recorded {self._recorded_this_fit} samples in this fit from a "
+            "chain that is not at its temperature (configurational temperature "
+            f"{figure['mean']:.4g} +- {figure['standard_error']:.2g} for T = {report['temperature']:g} "
+            "after the burn-in): its averages are not the posterior's. See the temperature "
+            "check's warning for the cause.",
+            UserWarning,
+            stacklevel=2,
+        )
 
 
 class SampleCollector(RecordingCallback):

@@ -107,6 +107,47 @@ def mser_truncation(block_means: Sequence[float], max_fraction: float = 0.5) -> 
     return int(np.argmin(scores))  # the first of equal scores: drop no more than needed
 
 
+def merge_correlated_blocks(weights: np.ndarray, sums: np.ndarray, min_blocks: int) -> tuple[np.ndarray, np.ndarray]:
+    """Joins neighbouring blocks in pairs while their means are correlated and at least
+    `2 * min_blocks` blocks remain.
+
+    Batch-means errors assume the block means are independent; blocks shorter than the chain's
+    autocorrelation time (a slow thermostat, a drift) give correlated means and an error that is
+    too small, so an equilibrated run would be flagged. The lag-1 autocorrelation of the means
+    (whole-net column of either kind) is tested against `2 / sqrt(B)`, its ~98% one-sided bound
+    for independent means; a run that still drifts at `min_blocks`-sized blocks keeps those,
+    the longest blocks the verdict allows. Empty blocks (weight 0) are dropped first.
+
+    Args:
+        weights: `[B]` per-block weights.
+        sums: `[B, K, V]` per-block weighted sums; column `[:, :, 0]` is tested.
+        min_blocks: Blocks the verdict needs.
+
+    Returns:
+        `(weights, sums)` of the merged blocks.
+
+    Example:
+        >>> w = np.ones(40)
+        >>> drift = np.linspace(0.0, 1.0, 40)[:, None, None]  # a trend: strongly correlated means
+        >>> merged, _ = merge_correlated_blocks(w, drift, min_blocks=10)
+        >>> len(merged)
+        10
+    """
+    used = np.asarray(weights) > 0
+    weights, sums = np.asarray(weights, np.float64)[used], np.asarray(sums, np.float64)[used]
+    while len(weights) >= 2 * min_blocks:
+        means = sums[:, :, 0] / weights[:, None]
+        centred = means - means.mean(axis=0)
+        variance = np.square(centred).sum(axis=0)
+        lag_one = (centred[1:] * centred[:-1]).sum(axis=0) / np.where(variance > 0, variance, np.inf)
+        if np.all(lag_one <= 2.0 / math.sqrt(len(weights))):
+            break
+        odd = len(weights) % 2  # an odd first block joins the first pair
+        weights = np.concatenate([weights[:odd + 2].sum(keepdims=True), weights[odd + 2:].reshape(-1, 2).sum(axis=1)])
+        sums = np.concatenate([sums[:odd + 2].sum(axis=0, keepdims=True), sums[odd + 2:].reshape((-1, 2) + sums.shape[1:]).sum(axis=1)])
+    return weights, sums
+
+
 def critical_value(confidence: float, num_checks: int) -> float:
     """Two-sided normal quantile with a Bonferroni split over `num_checks` comparisons, so the
     chance that an equilibrated run fails any of them stays below `1 - confidence`."""
@@ -200,7 +241,9 @@ class EquilibrationCheck(keras.callbacks.Callback):
         min_variable_size: Variables with fewer scalars are reported but not judged (their
             temperatures fluctuate too much to say anything).
         log_dir: Optional TensorBoard directory.
-        warn: Whether to warn when out of band.
+        warn: When to warn that the run is out of band: `True` or `"epoch"` at the first
+            epoch whose verdict is out of band, `"end"` at the end of `fit` if its final verdict
+            is, `False` never.
         temperature: The T to compare with; None (default) takes the model's temperature.
         max_burn_in_steps: Linked recording callbacks start at this step at the latest, even if
             the run is not at T by then (`recording_started_by` says which happened); None waits.
@@ -223,7 +266,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
         rtol: float = 0.05,
         min_variable_size: int = 100,
         log_dir: str | None = None,
-        warn: bool = True,
+        warn: bool | str = True,
         temperature: float | None = None,
         max_burn_in_steps: int | None = None,
     ):
@@ -239,12 +282,15 @@ class EquilibrationCheck(keras.callbacks.Callback):
         self.rtol = check_non_negative("rtol", rtol)
         self.min_variable_size = check_int("min_variable_size", min_variable_size, low=1)
         self.log_dir = log_dir
-        self.warn = bool(warn)
+        if warn not in (True, False, "epoch", "end"):
+            raise ValueError(f"`warn` must be True, False, 'epoch' or 'end', got {warn!r}.")
+        self.warn = "epoch" if warn is True else warn
         self.temperature = None if temperature is None else check_number("temperature", temperature, low=0.0)
         self.max_burn_in_steps = (
             None if max_burn_in_steps is None else check_int("max_burn_in_steps", max_burn_in_steps, low=0)
         )
         self.recorder: TemperatureRecorder | None = None
+        self._attached_to = None
         self._linked: list = []
         self._names: list[str] = []
         self._sizes = np.zeros(0)
@@ -264,15 +310,21 @@ class EquilibrationCheck(keras.callbacks.Callback):
     # wiring ------------------------------------------------------------------------------
 
     def attach(self, model) -> TemperatureRecorder:
-        """Called by `BayesianModel.fit` before the train step is compiled."""
+        """Called by `BayesianModel.fit` before the train step is compiled. A check attached
+        to the same model again (a later `fit`) keeps its recorder, so the compiled step stays."""
         variables = model.trainable_variables
-        self._names = [getattr(v, "path", v.name) for v in variables]
-        self._sizes = np.array([int(np.prod(v.shape)) for v in variables], np.float64)
-        with model.distribute_strategy.scope():
-            self.recorder = TemperatureRecorder(len(variables))
+        if self.recorder is None or self._attached_to is not model:
+            self._names = [getattr(v, "path", v.name) for v in variables]
+            self._sizes = np.array([int(np.prod(v.shape)) for v in variables], np.float64)
+            with model.distribute_strategy.scope():
+                self.recorder = TemperatureRecorder(len(variables))
+            self._attached_to = model
         self._step = int(model.sampler_step)
         schedule = getattr(model, "temperature_schedule", None)
-        self._earliest_recording_step = int((schedule.constant_from_step() if schedule is not None else None) or 0)
+        ramp_end = (schedule.constant_from_step() if schedule is not None else None) or 0
+        # Before the end of a temperature ramp or of the sampler's warm-up the chain does not
+        # yet run the papers' dynamics at T: those steps never count, nor start a recording.
+        self._earliest_recording_step = max(int(ramp_end), int(getattr(model.sampler, "warmup_steps", 0) or 0))
         return self.recorder
 
     def link(self, callback) -> None:
@@ -283,6 +335,8 @@ class EquilibrationCheck(keras.callbacks.Callback):
             callback.start_recording_at(self.recording_started_at)
 
     def on_train_begin(self, logs=None):
+        if self.warn == "end":
+            self._warned = False  # one verdict per fit
         if self.log_dir and self._writer is None:
             from keras_thermo import dashboard  # noqa: PLC0415 (TensorBoard imports are heavy)
 
@@ -296,6 +350,11 @@ class EquilibrationCheck(keras.callbacks.Callback):
         self._drain()
         if self._writer is not None:
             self._writer.flush()
+        if self.warn == "end" and not self._warned:
+            report = self.report()
+            if report["equilibrated"] is False:
+                self._warned = True
+                warnings.warn(self._describe_failures(report), UserWarning, stacklevel=2)
 
     def on_epoch_end(self, epoch, logs=None):
         self._drain()
@@ -306,7 +365,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
             logs["equilibration_step"] = float(report["equilibration_step"])
             logs["mean_kinetic_temperature"] = report["overall"]["kinetic"]["mean"]
             logs["mean_configurational_temperature"] = report["overall"]["configurational"]["mean"]
-        if report["equilibrated"] is False and self.warn and not self._warned:
+        if report["equilibrated"] is False and self.warn == "epoch" and not self._warned:
             self._warned = True
             warnings.warn(self._describe_failures(report), UserWarning, stacklevel=2)
 
@@ -400,6 +459,8 @@ class EquilibrationCheck(keras.callbacks.Callback):
         drop = self._burn_in_blocks(first, weights, sums) if len(first) else 0
         kept_weights, kept_sums = weights[drop:], sums[drop:]
         num_blocks = int(np.count_nonzero(kept_weights > 0))
+        if num_blocks >= self.min_blocks:
+            kept_weights, kept_sums = merge_correlated_blocks(kept_weights, kept_sums, self.min_blocks)
         mean, error = batch_means(kept_sums, kept_weights) if num_blocks else (
             np.full(sums.shape[1:], np.nan), np.full(sums.shape[1:], np.inf))
         sizes = np.concatenate([[self._sizes.sum()], self._sizes])
@@ -444,12 +505,26 @@ class EquilibrationCheck(keras.callbacks.Callback):
                         f"{kind} temperature of {label}: {figure['mean']:.4g} +- {figure['standard_error']:.2g} "
                         f"(T = {temperature:g})"
                     )
+        overall = report["overall"][KINDS[CONFIGURATIONAL]]["mean"]
+        if overall < temperature:
+            cause = (
+                "The chain runs cold: it is still descending from its start, or a thermostat "
+                "soaked up the start's energy and has not given it back. Run longer, or give the "
+                "sampler a longer warm-up (warmup_steps)."
+            )
+        else:
+            cause = (
+                "The chain runs hot, a sign that the step is too long for the curvature or the "
+                "gradient noise: reduce step_size, increase friction, or use a sampler that "
+                "corrects for gradient noise (CCAdL, mCCAdL)."
+            )
         return (
-            "EquilibrationCheck: the run is not sampling at its temperature after step "
-            f"{report['equilibration_step']} ({report['num_blocks']} blocks): " + "; ".join(lines) + ". "
-            "Usual remedies: run longer (the burn-in may not be over), reduce step_size, increase "
-            "friction, or use a sampler that corrects for gradient noise (CCAdL, mCCAdL): SGNHT's single "
-            "thermostat holds the whole net's kinetic temperature, not each layer's."
+            "The run is not sampling at its temperature: its samples do not follow the posterior "
+            f"it was asked for. After step {report['equilibration_step']} ({report['num_blocks']} "
+            f"blocks of {self.block_steps} steps): " + "; ".join(lines) + ". " + cause + " SGNHT's "
+            "single thermostat holds the whole net's kinetic temperature, not each layer's. "
+            "(keras_thermo.equilibration.EquilibrationCheck; BayesianModel(temperature_check=False) "
+            "turns the default check off.)"
         )
 
     def get_config(self) -> dict[str, Any]:
@@ -465,3 +540,10 @@ class EquilibrationCheck(keras.callbacks.Callback):
             "temperature": self.temperature,
             "max_burn_in_steps": self.max_burn_in_steps,
         }
+
+
+def default_check() -> EquilibrationCheck:
+    """The check `BayesianModel(temperature_check=True)` runs in every `fit` that has none:
+    blocks of 100 steps, a verdict once 10 blocks follow the burn-in (MSER, never before the
+    sampler's warm-up ends), and one warning at the end of a `fit` whose verdict is out of band."""
+    return EquilibrationCheck(warn="end")

@@ -97,6 +97,8 @@ class _Runtime:
     def __init__(self):
         self.recorders: list = []
         self.temperature_recorders: list = []
+        self.temperature_checks: list = []  # the EquilibrationChecks of the current fit
+        self.default_check = None  # the check `temperature_check=True` adds, kept across fits
         self.warned_about_layers = False
         self.noted_pipeline = False
         self.noted_per_example_fallback = False
@@ -287,6 +289,13 @@ class BayesianModel(keras.Model):
             multiple of C). `"shared"`: every chain sees the whole batch. Shared batches
             correlate the chains' gradient noise, which pulls them together and biases R-hat
             towards 1 (measured in `benchmarks/chains.py`); see `keras_thermo.chains`.
+        temperature_check: True (default): every `fit` without an `EquilibrationCheck` among its
+            callbacks runs a default one (`keras_thermo.equilibration.default_check`, kept from
+            one `fit` to the next): its verdict goes to the epoch logs and History
+            (`equilibrated`: 1 at T, 0 not, NaN while the run is too short to judge) and, when
+            the run ends out of band, a warning says so in plain words with the likely cause;
+            `SampleCollector` and `PosteriorAverage` then warn that their samples come from a
+            chain that is not at T. False turns it off.
 
     Example:
         >>> import keras, numpy as np, keras_thermo as kt
@@ -313,6 +322,7 @@ class BayesianModel(keras.Model):
         num_chains: int = 1,
         chain_method: str = "auto",
         chain_minibatches: str = "split",
+        temperature_check: bool = True,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -328,6 +338,7 @@ class BayesianModel(keras.Model):
         self.temperature = temperature
         seed = check_seed("seed", seed)
         self.seed = py_random.randrange(2**31) if seed is None else seed
+        self.temperature_check = check_bool("temperature_check", temperature_check)
         self.per_example_method = check_choice("per_example_method", per_example_method, PER_EXAMPLE_METHODS)
         self.num_chains = check_int("num_chains", num_chains, low=1)
         self.chain_method = check_choice("chain_method", chain_method, kt_chains.CHAIN_METHODS)
@@ -452,6 +463,7 @@ class BayesianModel(keras.Model):
             "num_chains": self.num_chains,
             "chain_method": self.chain_method,
             "chain_minibatches": self.chain_minibatches,
+            "temperature_check": self.temperature_check,
         }
 
     @classmethod
@@ -859,6 +871,7 @@ class BayesianModel(keras.Model):
             recorded = self._stacked_params() if self.num_chains > 1 else variables  # read after the assignment
             for recorder in self._runtime.recorders:
                 recorder.maybe_record(completed, is_sample, recorded)
+        whole_net_configurational = None
         if self._runtime.temperature_recorders:
             per_chain = [
                 self._variable_temperatures(self._chain_state(state, k), chain_states[k], params[k], new_params[k], force[k])
@@ -867,6 +880,11 @@ class BayesianModel(keras.Model):
             weight, kinetic, configurational = (tf.stack(column) for column in zip(*per_chain))
             for recorder in self._runtime.temperature_recorders:
                 recorder.record(weight, tf.unstack(kinetic, axis=1), tf.unstack(configurational, axis=1))
+            # The logged whole-net value from the same sums (no second pass over the weights).
+            sizes = tf.constant([float(np.prod(p.shape)) for p in params[0]], tf.float64)
+            whole_net_configurational = [
+                tf.cast(tf.reduce_sum(configurational[k] * sizes) / tf.reduce_sum(sizes), tf.float32) for k in chains
+            ]
 
         for k in chains:
             x, y, sample_weight = batches[k]
@@ -875,7 +893,9 @@ class BayesianModel(keras.Model):
         logs["potential"] = _chain_mean(potential)
         if self.temperature_schedule is not None:
             logs["temperature"] = temperature
-        per_chain_logs = {"configurational_temperature": [configurational_temperature(p, f) for p, f in zip(params, force)]}
+        per_chain_logs = {"configurational_temperature": whole_net_configurational or [
+            configurational_temperature(p, f) for p, f in zip(params, force)
+        ]}
         for name in diagnostics[0]:
             per_chain_logs[name] = [d[name] for d in diagnostics]
         for name, values in per_chain_logs.items():
@@ -1148,11 +1168,35 @@ class BayesianModel(keras.Model):
                 )
         temperature_recorders = [cb.attach(self) for cb in checks]
         recorders = [cb.attach(self) for cb in recording]
-        if recorders or self._runtime.recorders or temperature_recorders or self._runtime.temperature_recorders:
+        same = [id(r) for r in recorders + temperature_recorders] == [
+            id(r) for r in self._runtime.recorders + self._runtime.temperature_recorders
+        ]
+        if not same:
             # The compiled step captures the recorders it writes to: rebuild it for this set.
             self.train_function = None
         self._runtime.recorders = recorders
         self._runtime.temperature_recorders = temperature_recorders
+        self._runtime.temperature_checks = checks
+
+    def _with_default_check(self, callbacks):
+        """`callbacks` with the default `EquilibrationCheck` in front when `temperature_check`
+        is on and the user gave none (one check per model, kept across fits)."""
+        given = callbacks.callbacks if isinstance(callbacks, keras.callbacks.CallbackList) else list(callbacks or [])
+        if not self.temperature_check or any(isinstance(cb, kt_equilibration.EquilibrationCheck) for cb in given):
+            return callbacks
+        if self._runtime.default_check is None:
+            self._runtime.default_check = kt_equilibration.default_check()
+        if isinstance(callbacks, keras.callbacks.CallbackList):
+            callbacks.callbacks.insert(0, self._runtime.default_check)
+            self._runtime.default_check.set_model(self)
+            return callbacks
+        return [self._runtime.default_check] + given
+
+    def temperature_report(self) -> dict | None:
+        """The report of the `EquilibrationCheck` of the last `fit` (its own or the default one,
+        see `temperature_check`), or None without one. See `EquilibrationCheck.report`."""
+        checks = self._runtime.temperature_checks
+        return checks[0].report() if checks else None
 
     def fit(self, *args, with_replacement: bool = True, **kwargs):
         """`keras.Model.fit`, plus: builds the sampler state before the step is compiled, wires
@@ -1193,7 +1237,7 @@ class BayesianModel(keras.Model):
             self._draw_array_minibatches_with_replacement(arguments)
         elif not _is_array_data(arguments.get("x")) and not getattr(arguments.get("x"), "draws_with_replacement", False):
             self._note_pipeline_noise()
-        callbacks = _checks_first(arguments.get("callbacks"))
+        callbacks = _checks_first(self._with_default_check(arguments.get("callbacks")))
         if self.num_chains > 1:
             callbacks = kt_chains.with_chain_progbar(callbacks)
         arguments["callbacks"] = callbacks

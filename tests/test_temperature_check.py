@@ -1,0 +1,87 @@
+"""The default temperature check (`BayesianModel(temperature_check=True)`).
+
+Every `fit` without an `EquilibrationCheck` of its own runs one: the verdict lands in History,
+a run that ends out of band warns once in plain words, and the recording callbacks warn that
+their samples come from a chain that is not at T. The runs are test_warmup.py's linear
+regression from Keras' default initialisation (N = 2000, d = 5, batches of 1000, h = 1e-3,
+A = 1): SGNHT without its warm-up stays far colder than T there for tens of thousands of steps
+(its configurational temperature is a few percent of T), with the default warm-up it samples at T.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+import keras_thermo as kt
+from keras_thermo import testing
+
+NUM_EXAMPLES, NUM_FEATURES, BATCH = 2000, 5, 1000
+STEPS_PER_EPOCH, EPOCHS = 500, 6  # 3000 steps: the 1000-step warm-up, then 20 blocks of 100
+
+
+def _model(warmup_steps: int, seed: int, **options):
+    keras.utils.set_random_seed(seed)  # Keras' default initialisation, drawn from this seed
+    net = testing.linear_regression_net(NUM_FEATURES)
+    sampler = kt.samplers.SGNHT(1e-3, friction=1.0, warmup_steps=warmup_steps)
+    model = kt.BayesianModel(net, sampler, num_examples=NUM_EXAMPLES, prior=kt.priors.Gaussian(std=10**0.5), seed=seed, **options)
+    model.compile(loss=kt.losses.GaussianNLL(scale=1.0), steps_per_execution=100)
+    return model
+
+
+def _fit(model, callbacks=()):
+    x, y = testing.linear_regression_data(NUM_EXAMPLES, NUM_FEATURES, seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = model.fit(
+            x, y, batch_size=BATCH, epochs=EPOCHS, steps_per_epoch=STEPS_PER_EPOCH, callbacks=list(callbacks), verbose=0
+        )
+    return history, [str(w.message) for w in caught if "temperature" in str(w.message)]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_run_at_temperature_says_so_and_stays_quiet(seed):
+    model = _model(warmup_steps=1000, seed=seed)
+    collector = kt.callbacks.SampleCollector(burn_in_steps=1000)
+    history, messages = _fit(model, [collector])
+    assert history.history["equilibrated"][-1] == 1.0, model.temperature_report()
+    assert messages == []
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_cold_run_warns_once_with_its_cause_and_so_does_its_collector(seed):
+    model = _model(warmup_steps=0, seed=seed)
+    collector = kt.callbacks.SampleCollector(burn_in_steps=1000)
+    history, messages = _fit(model, [collector])
+    report = model.temperature_report()
+    assert history.history["equilibrated"][-1] == 0.0, report
+    assert report["overall"]["configurational"]["mean"] < 0.5 * report["temperature"]
+    check_messages = [m for m in messages if "is not sampling at its temperature" in m]
+    assert len(check_messages) == 1, messages
+    assert "runs cold" in check_messages[0] and "warmup_steps" in check_messages[0]
+    assert "temperature_check=False" in check_messages[0]
+    collector_messages = [m for m in messages if m.startswith("SampleCollector recorded")]
+    assert len(collector_messages) == 1, messages
+
+
+def test_the_check_can_be_turned_off_and_round_trips_in_the_config():
+    model = _model(warmup_steps=0, seed=0, temperature_check=False)
+    history, messages = _fit(model)
+    assert "equilibrated" not in history.history and messages == [] and model.temperature_report() is None
+    assert kt.BayesianModel.from_config(model.get_config()).temperature_check is False
+    with pytest.raises(TypeError, match="temperature_check"):
+        _model(warmup_steps=0, seed=0, temperature_check="yes")
+
+
+def test_a_user_check_replaces_the_default_and_a_second_fit_keeps_the_compiled_step():
+    model = _model(warmup_steps=1000, seed=0)
+    own = kt.callbacks.EquilibrationCheck(block_steps=50)
+    _fit(model, [own])
+    assert model.temperature_report()["num_blocks"] == own.report()["num_blocks"]
+    model.fit(np.zeros((BATCH, NUM_FEATURES), np.float32), np.zeros((BATCH, 1), np.float32), batch_size=BATCH, epochs=1, verbose=0)
+    step_function = model.train_function
+    model.fit(np.zeros((BATCH, NUM_FEATURES), np.float32), np.zeros((BATCH, 1), np.float32), batch_size=BATCH, epochs=1, verbose=0)
+    assert model.train_function is step_function  # the default check kept its recorder
