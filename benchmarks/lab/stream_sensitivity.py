@@ -1,7 +1,7 @@
 """How often do the fixed-seed negative controls of the statistical tests reject, over noise streams?
 
 Under another noise stream, such as the fused Box-Muller draw
-(`benchmarks.noise_draw.box_muller_normal`), some fixed-seed assertions of the statistical tests
+(`benchmarks.lab.noise_draw.box_muller_normal`), some fixed-seed assertions of the statistical tests
 change outcome: negative controls (a wrong sampler the check must reject) and a resolution
 bound, not the checks of correct samplers. A negative control with few chains has limited
 power: over noise streams it rejects with some probability below 1, and a new stream can make it
@@ -16,7 +16,7 @@ were validated on it), and of tests/test_equilibration.py (`EquilibrationCheck` 
 SGNHT run at T = 2, model seed s, at 15 and 30 epochs), under both draws, and reports the
 rejection rate of each (with its binomial standard error) and the statistics behind it.
 
-    python -m benchmarks.stream_sensitivity --out benchmarks/results/stream_sensitivity.json [--seeds 8]
+    python -m benchmarks.lab.stream_sensitivity --out benchmarks/results/stream_sensitivity.json [--seeds 8]
         [--controls equilibration-wrong-T-15-epochs ...]
 """
 
@@ -31,11 +31,11 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import step_cost
-from benchmarks.noise_draw import box_muller_normal
+from benchmarks.lab.noise_draw import box_muller_normal
 from keras_thermo import random as kt_random
 from keras_thermo import testing
 
-TESTS = Path(__file__).resolve().parent.parent / "tests"
+TESTS = Path(__file__).resolve().parents[2] / "tests"
 
 
 def _test_module(name: str):

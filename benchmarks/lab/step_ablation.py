@@ -23,7 +23,7 @@ with whatever overlap TensorFlow's executor finds. It bounds what any implementa
 the piece as it is can reach: a cheap sampler's step is at least SGD's plus its draw,
 `floor_ratio = 1 + draw / SGD`, to compare with the step-cost targets.
 
-    python -m benchmarks.step_ablation --out benchmarks/results/step_ablation [--networks emnist_mlp]
+    python -m benchmarks.lab.step_ablation --out benchmarks/results/step_ablation [--networks emnist_mlp]
         [--repeats 5] [--steps-per-execution 25]
 
 Outputs in `--out`: `results.json` and `table.md`.

@@ -1,7 +1,7 @@
 """Is a normal draw N(0, 1) and independent? High-power checks of the samplers' draw and the fused Box-Muller one.
 
 `keras_thermo.random.normal_like` (TensorFlow's `stateless_normal` kernel, one keyed draw per
-tensor) and `benchmarks.noise_draw.box_muller_normal` (one Philox uniform draw turned into
+tensor) and `benchmarks.lab.noise_draw.box_muller_normal` (one Philox uniform draw turned into
 normals by whole-tensor Box-Muller, the faster draw that was tried and not adopted) are put
 through the same checks, on `--keys` step keys of `--count` draws each (2^26 draws in all by
 default, 256 times the 2^18 of tests/test_random.py):
@@ -23,7 +23,7 @@ is compared with the Bonferroni level `0.01 / checks`. Two negative controls sho
 power at this size: the kernel draw scaled by 1.001 (variance 0.2% high) and the Box-Muller
 draw with each sine mixed with its cosine at correlation 0.001.
 
-    python -m benchmarks.normal_draw_quality --out benchmarks/results/normal_draw_quality.json
+    python -m benchmarks.lab.normal_draw_quality --out benchmarks/results/normal_draw_quality.json
         [--keys 16] [--count 4194304] [--first-step 0] [--methods kernel_normal_like box_muller_fused]
 """
 
@@ -36,7 +36,7 @@ import scipy.stats
 import tensorflow as tf
 
 from benchmarks import step_cost
-from benchmarks.noise_draw import box_muller_normal
+from benchmarks.lab.noise_draw import box_muller_normal
 from keras_thermo import random as kt_random
 
 GRID = 20

@@ -22,7 +22,7 @@ per step), next to the Keras SGD step (`fit`, median per step) of the same round
 The tensors checked are the weights and one momentum-sized tensor (SGHMC, SGNHT: weights and
 momenta).
 
-    python -m benchmarks.step_pieces --out benchmarks/results/step_pieces.json [--networks emnist_mlp]
+    python -m benchmarks.lab.step_pieces --out benchmarks/results/step_pieces.json [--networks emnist_mlp]
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ every step; on small networks that draw is most of what they add to SGD. For eac
 Each is reported in ms per step and as the median over repetitions of its ratio to the SGD step
 of the same repetition.
 
-    python -m benchmarks.noise_draw --out benchmarks/results/noise_draw.json [--networks emnist_mlp]
+    python -m benchmarks.lab.noise_draw --out benchmarks/results/noise_draw.json [--networks emnist_mlp]
         [--repeats 7] [--draws 200] [--samplers]
 """
 
