@@ -46,8 +46,8 @@ def normal_like(key: tf.Tensor, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]
     """Independent standard normal draws shaped like each tensor in `tensors`.
 
     One `tf.random.stateless_normal` per tensor, keyed by `fold_in(key, index)`. (A fused
-    Box-Muller draw of all of them saves ~0.2 ms a step on the EMNIST MLP, `benchmarks/
-    noise_draw.py`, and passes the same high-power distribution checks as this draw,
+    Box-Muller draw of all of them saves ~0.2 ms a step on the EMNIST MLP,
+    `benchmarks/lab/noise_draw.py`, and passes the same high-power distribution checks as this draw,
     `benchmarks/lab/normal_draw_quality.py`; but it changes every chain's noise, and on its stream
     four fixed-seed assertions of the default tests changed outcome: a resolution bound of the
     statistical checks, the two TACT-HMC comparisons of a mirrored run with a single-device run
