@@ -6,7 +6,7 @@ counter (a model variable): a resumed run continues the exact noise sequence, an
 share the step draw identical noise.
 
 Normals come from TensorFlow's `stateless_normal` kernel (Philox), one keyed draw per tensor.
-A fused Box-Muller draw of all tensors at once (`benchmarks/noise_draw.py`) is faster on a
+A fused Box-Muller draw of all tensors at once (`benchmarks/lab/noise_draw.py`) is faster on a
 CPU but gives other chains; see `normal_like` for why the samplers keep this stream.
 """
 
@@ -46,9 +46,9 @@ def normal_like(key: tf.Tensor, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]
     """Independent standard normal draws shaped like each tensor in `tensors`.
 
     One `tf.random.stateless_normal` per tensor, keyed by `fold_in(key, index)`. (A fused
-    Box-Muller draw of all of them saves ~0.2 ms a step on the EMNIST MLP, `benchmarks/
-    noise_draw.py`, and passes the same high-power distribution checks as this draw,
-    `benchmarks/normal_draw_quality.py`; but it changes every chain's noise, and on its stream
+    Box-Muller draw of all of them saves ~0.2 ms a step on the EMNIST MLP,
+    `benchmarks/lab/noise_draw.py`, and passes the same high-power distribution checks as this draw,
+    `benchmarks/lab/normal_draw_quality.py`; but it changes every chain's noise, and on its stream
     four fixed-seed assertions of the default tests changed outcome: a resolution bound of the
     statistical checks, the two TACT-HMC comparisons of a mirrored run with a single-device run
     (the two runs draw the same noise; their rounding differences, from the cross-replica sums,

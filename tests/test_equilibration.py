@@ -143,7 +143,7 @@ def test_an_exact_run_is_in_band_overall_and_per_variable(hot_run_checked_at_two
 
 # The negative control runs as long as the in-band run (30 epochs: the same run, checked at T = 1).
 # At 15 epochs it was flagged on only 11 of 20 other seeds, under either normal draw; at 30, on all
-# 20 under both (`python -m benchmarks.stream_sensitivity --controls equilibration-wrong-T-15-epochs
+# 20 under both (`python -m benchmarks.lab.stream_sensitivity --controls equilibration-wrong-T-15-epochs
 # equilibration-wrong-T-30-epochs --seeds 20`, benchmarks/results/stream_sensitivity_equilibration.json).
 WRONG_TEMPERATURE_EPOCHS = 30
 

@@ -1,5 +1,5 @@
 """Tests of keras_thermo.random: step-keyed standard normal draws (and the fused Box-Muller draw
-that benchmarks/noise_draw.py measures against them).
+that benchmarks/lab/noise_draw.py measures against them).
 
 The distribution checks use 2^18 draws and five-standard-error bounds on statistics whose
 standard errors are known in closed form for N(0, 1) (mean: 1/sqrt(n); variance: sqrt(2/n);
@@ -14,7 +14,7 @@ import pytest
 import scipy.stats
 import tensorflow as tf
 
-from benchmarks.noise_draw import box_muller_normal
+from benchmarks.lab.noise_draw import box_muller_normal
 from keras_thermo import random as kt_random
 
 COUNT = 2**18

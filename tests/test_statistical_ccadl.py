@@ -237,7 +237,7 @@ NEGATIVE = {
 # Chains of each control (x NEGATIVE_STEPS steps). With 3 chains the t threshold is 14.1 and the
 # controls rejected on only 12% / 38% of noise streams (benchmarks/results/stream_sensitivity.json);
 # CCAdL's kinetic t varies most from stream to stream, so it runs 16 chains (threshold 3.3),
-# mCCAdL's 8 (4.0). Rejection rates at these sizes: `python -m benchmarks.stream_sensitivity`,
+# mCCAdL's 8 (4.0). Rejection rates at these sizes: `python -m benchmarks.lab.stream_sensitivity`,
 # benchmarks/results/stream_sensitivity_stronger_controls.json.
 NEGATIVE_CHAINS = {"ccadl-beta-left-out-T2": 16, "mccadl-mass-left-out-M4": 8}
 NEGATIVE_STEPS = 600

@@ -9,13 +9,13 @@ the 99% familywise batch-means band of T.
 
 - mCCAdL at h = 5e-4 holds the whole MLP within 1% of T at T = 1 and at a cold T = 0.3, and
   at h = 2e-3 it is flagged 5% hot. No sampler holds every large variable of these nets within
-  the strict band at affordable run lengths; the README states by how much each misses, from
-  the benchmark's JSON.
+  the strict band at affordable run lengths; docs/temperature.md states by how much each
+  misses, from the benchmark's JSON.
 - The wrong runs (a chain at T = 2 checked against T = 1; SGHMC with a large step and no noise
   correction) must be flagged: the check can fail.
 
 All are slow (tens of seconds to minutes each); the default suite tests the check itself in
-test_equilibration.py. The figures behind the README's table come from
+test_equilibration.py. The figures behind docs/temperature.md's table come from
 `python -m benchmarks.network_temperatures` (JSON under benchmarks/results/).
 """
 
@@ -49,7 +49,7 @@ def test_mccadl_holds_the_whole_mlp_within_one_percent_of_its_temperature(temper
     # Whole net only, and deviations under 1% of T accepted (`rtol`): the strict band (about
     # +-0.3% here) flags what remains at this step, measured at +0.3..0.5% (network_temperatures_
     # mlp_warm_h5e-4.json; the slow run of this test saw kinetic 1.003 +- 0.001 at T = 1). Per
-    # variable, the logits kernel stays 1.5% (T = 1) to 4.4% (T = 0.3) off (README).
+    # variable, the logits kernel stays 1.5% (T = 1) to 4.4% (T = 0.3) off (docs/temperature.md).
     report = nt.run("mlp", "mccadl", temperature, epochs=1200, step_size=5e-4, warm_up_epochs=WARM_UP_EPOCHS,
                     min_variable_size=10**9, rtol=0.01)
     assert report["equilibrated"] is True, _describe(report)
@@ -57,7 +57,7 @@ def test_mccadl_holds_the_whole_mlp_within_one_percent_of_its_temperature(temper
 
 def test_mccadl_with_a_large_step_runs_the_mlp_hot():
     # The same check at h = 2e-3, where the C step's damping is no longer small in the noisiest
-    # directions: the whole net's configurational temperature runs ~5% hot (README).
+    # directions: the whole net's configurational temperature runs ~5% hot (docs/temperature.md).
     report = nt.run("mlp", "mccadl", 1.0, epochs=300, warm_up_epochs=WARM_UP_EPOCHS, min_variable_size=10**9,
                     rtol=0.01)
     assert report["equilibrated"] is False, _describe(report)

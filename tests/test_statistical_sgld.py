@@ -59,7 +59,7 @@ def _weighted_check(num_chains, num_steps, alpha, scale=1.0):
 
 # The negative control's chains x steps: with 8 x 1000 it rejected on 62% of noise streams
 # (benchmarks/results/stream_sensitivity.json); the rate at this size:
-# `python -m benchmarks.stream_sensitivity`, benchmarks/results/stream_sensitivity_stronger_controls.json.
+# `python -m benchmarks.lab.stream_sensitivity`, benchmarks/results/stream_sensitivity_stronger_controls.json.
 NEGATIVE_CHAINS_STEPS = (16, 1000)
 
 

@@ -193,7 +193,7 @@ def test_methods_subset_keeps_sgd():
 
 @pytest.mark.slow  # builds and times 11 models of the digits MLP, ~1 min on 2 cores
 def test_step_ablation_leaves_pieces_out_and_restores_the_library(tmp_path):
-    from benchmarks import step_ablation
+    from benchmarks.lab import step_ablation
     from keras_thermo import random as kt_random
     from keras_thermo.samplers import mccadl as kt_mccadl
 

@@ -1,10 +1,10 @@
-"""benchmarks/stream_sensitivity.py: choosing controls, and one control's run end to end."""
+"""benchmarks/lab/stream_sensitivity.py: choosing controls, and one control's run end to end."""
 
 import json
 
 import pytest
 
-from benchmarks import stream_sensitivity
+from benchmarks.lab import stream_sensitivity
 from keras_thermo import random as kt_random
 
 

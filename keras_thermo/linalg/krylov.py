@@ -336,7 +336,7 @@ def _lanczos_recurrence(matrix, start, steps, breakdown):
 
 # The recurrence runs as a graph `tf.while_loop`, not compiled with XLA. Compiled, its
 # per-iteration bookkeeping (loop frames, TensorArray writes, one executor dispatch per op) goes,
-# halving it (`benchmarks.gram_c_step`, EMNIST MLP, 128 x 128, 15 steps: 1.08 ms as a graph loop,
+# halving it (docs/notes/c_step.md, EMNIST MLP, 128 x 128, 15 steps: 1.08 ms as a graph loop,
 # 0.54 ms compiled, on CPU), but the XLA compiler it loads raises the process's peak memory by
 # about 80 MiB (`python -m benchmarks.step_cost --networks emnist_mlp --memory`: mCCAdL 857 MiB
 # compiled, 778 MiB as a graph loop, SGD 720 MiB), more than the C step's whole budget of extra

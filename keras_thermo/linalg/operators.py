@@ -40,7 +40,7 @@ def row_gram(matrix: tf.Tensor) -> tf.Tensor:
     An einsum rather than `tf.matmul(X, X, transpose_b=True)`: for wide per-example rows (n in
     the tens to hundreds, D from ~10^4 to ~10^5) TensorFlow's einsum kernel (a batched product)
     ran 1.4-2.2x faster than the matmul kernel on 2 CPU cores (1.2x at D = 2320), same sums to
-    float32 rounding (`benchmarks.row_gram`: the LSTM's recurrent-kernel rows, `[64, 65536]`,
+    float32 rounding (docs/notes/c_step.md: the LSTM's recurrent-kernel rows, `[64, 65536]`,
     6.6 -> 3.1 ms). For `X^T X` (`n > D`) the two were equal, so `column_gram_matrix` keeps
     `matmul`.
 

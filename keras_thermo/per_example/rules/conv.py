@@ -12,7 +12,7 @@ axis by its stride, so that strided and dilated offsets are contiguous slices to
 `P_i^T Delta_i` is, offset by offset, that slice's `[c_in, T] x [T, c_out]` product
 (`kernel_rows`): the patches (`patches`, the slices side by side, equal to
 `tf.image.extract_patches`) are formed only for the rare layer kept in factor form.
-`python -m benchmarks.conv_patches` times the three ways on 2 CPU cores.
+The three ways' times on 2 CPU cores: docs/notes/conv_patches.md.
 
 Reference: Rochette, Manoel & Tramel (2019), "Efficient Per-Example Gradient Computations in
 Convolutional Neural Networks", arXiv:1912.06015.
@@ -105,7 +105,7 @@ def kernel_rows(layer, inputs: Sequence[tf.Tensor], deltas: tf.Tensor) -> tf.Ten
     inputs (concatenated over the calls `inputs`, as `deltas` `[n, T, c_out]` is): the patches
     themselves are never formed, and the small products take about two thirds of the time of one
     product of the patches on 2 CPU cores for the CIFAR-10 CNN's first layer (2.4 against 3.6 ms)
-    (`python -m benchmarks.conv_patches`).
+    (docs/notes/conv_patches.md).
     """
     per_call = [offset_inputs(layer, call_inputs) for call_inputs in inputs]
     rows = [
