@@ -27,6 +27,7 @@ import gzip
 import math
 import os
 import threading
+import zlib
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -460,7 +461,8 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
         An array of the header's shape, in native byte order (uint8 for image and label files).
 
     Raises:
-        ValueError: The magic number or the size of the data does not fit the IDX format.
+        ValueError: The magic number or the size of the data does not fit the IDX format, or a
+            gzip-compressed file is broken.
 
     Example:
         >>> import tempfile
@@ -472,8 +474,11 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     path = Path(path)
     with open(path, "rb") as handle:
         compressed = handle.read(2) == _GZIP_MAGIC
-    with (gzip.open(path, "rb") if compressed else open(path, "rb")) as handle:
-        content = handle.read()
+    try:
+        with (gzip.open(path, "rb") if compressed else open(path, "rb")) as handle:
+            content = handle.read()
+    except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+        raise ValueError(f"IDX file '{path}' starts as a gzip stream but does not decompress: {error}") from error
     magic = int.from_bytes(content[:4], "big") if len(content) >= 4 else None
     type_code, num_dims = content[2:3], content[3:4]
     if magic is None or content[:2] != b"\0\0" or type_code[0] not in IDX_DTYPES or num_dims[0] < 1:
