@@ -24,7 +24,19 @@ from pathlib import Path
 
 from benchmarks import run
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "digits.yaml"
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "configs" / "digits.yaml"
+REAL_DATA_DIR = ROOT / "data" / "real"  # where `make real-data` puts real MNIST and Fashion-MNIST
+
+
+def real_data_hint(data_dir: Path = REAL_DATA_DIR) -> str | None:
+    """One line on running the real-data comparison, where real MNIST is in `data_dir`; else None."""
+    from keras_thermo import data as kt_data  # noqa: PLC0415 (TensorFlow import is slow)
+
+    if kt_data.idx_files(data_dir, kt_data.MNIST, "train") is None:
+        return None
+    return (f"Real MNIST found in {data_dir}: the comparison on it, `python -m benchmarks.logistic_regression "
+            f"--config configs/logistic_mnist.yaml --out runs/logistic_mnist` (docs/real_data.md).")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     minutes = results["seconds"] / 60
     print(f"\nDone in {math.floor(minutes)} min {results['seconds'] % 60:.0f} s. Plots and results in "
           f"{args.out}/; TensorBoard: tensorboard --logdir {args.out}/tensorboard")
+    hint = real_data_hint()
+    if hint:
+        print(hint)
     return 0
 
 

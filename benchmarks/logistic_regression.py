@@ -15,10 +15,11 @@ Datasets (`dataset` in the config):
   (`batch_size: 12`). The gradient-noise covariance `Sigma ~ (N^2 / n) V` then shrinks with N
   like the Hessian, so step sizes with the same stability margin are about
   `sqrt(12214 / 270) ~ 6.7` times the paper's (the configured sweep follows this).
-* `mnist`: MNIST 7 vs 9 (12,214 / 2,037 images) through TFDS, pixels / 255, projected to 100
-  dimensions by a fixed Gaussian random matrix and standardised with the training statistics
-  (the paper's random projection; its scale is not given). Needs the prepared TFDS `mnist`;
-  without it the script says how to prepare it and skips.
+* `mnist`: MNIST 7 vs 9 (12,214 / 2,037 images), pixels / 255, projected to 100 dimensions by a
+  fixed Gaussian random matrix and standardised with the training statistics (the paper's random
+  projection; its scale is not given). Read from the IDX files in `data_dir` (`make real-data`
+  puts real MNIST in `data/real/mnist`), else from TFDS (`keras_thermo.data.load_classification`);
+  without either the script says how to get them and skips.
 
 The samplers are driven exactly as in `benchmarks.regression_w2` (their own `update` in a
 `tf.function` loop; per-example gradients `-s_i x_i sigmoid(-s_i theta . x_i)` in closed form).

@@ -19,7 +19,9 @@ Config schema (keys not listed are errors):
     extends: other.yaml                # optional; this file's keys override the other's
     only: [sgnht]                      # optional; keep only these methods (after `extends`)
     data:
-      dataset: digits                  # digits | emnist_balanced | fashion_mnist | cifar10
+      dataset: digits                  # digits | emnist_balanced | fashion_mnist | mnist | cifar10
+      data_dir: data/real              # optional: IDX files (emnist_balanced, fashion_mnist, mnist;
+                                       # `make real-data`), else a TFDS data directory; --data-dir wins
       options: {}                      # passed to the loader (flatten, squeeze_channels, ...)
       label_noise: [0.0, 0.2]          # fractions permuted each epoch (Table 1's columns)
       eval_batch_size: 1000            # batch size for test-set predictions
@@ -144,8 +146,13 @@ NaN written as null), `table.md`, `accuracy.png`, `nll.png`, `reliability.png`, 
 `tensorboard/<method>/noise<pct>/` logs (`tensorboard/tuning/...` and `tensorboard/ood/...` for
 the trials and the OOD study).
 
-A TFDS dataset that is not prepared stops the runner with a message that says how to prepare
-it (or to pass `--mock-data`), exit status 2.
+Where the data come from: the digits ship with scikit-learn. EMNIST Balanced, Fashion-MNIST and
+MNIST are read from their original IDX files when the data directory (`--data-dir`, else
+`data.data_dir`) holds them, directly or in its subfolder `emnist/`, `fashion_mnist/` or `mnist/`
+(`make real-data` installs real MNIST and Fashion-MNIST into `data/real`, docs/real_data.md);
+otherwise, like CIFAR-10, from TensorFlow Datasets (in that directory, or TFDS' default). Data
+found by neither route stops the runner with a message that says how to get it by each route
+(or to pass `--mock-data`), exit status 2. `--mock-data` always uses TFDS' mock data.
 
 Scaling out (`--strategy`): how a config runs is not part of it, so the same config runs on one
 device or many. `mirrored` replicates every model over this machine's GPUs (or, with no GPU, its
@@ -177,7 +184,7 @@ import yaml
 TOP_LEVEL_KEYS = {
     "name", "title", "extends", "only", "data", "model", "training", "evaluation", "methods", "quick", "tune", "ood",
 }
-DATA_KEYS = {"dataset", "options", "label_noise", "eval_batch_size"}
+DATA_KEYS = {"dataset", "data_dir", "options", "label_noise", "eval_batch_size"}
 MODEL_KEYS = {"builder", "options"}
 TRAINING_KEYS = {"epochs", "batch_size", "steps_per_execution", "seed", "num_chains"}
 EVALUATION_KEYS = {"burn_in_epochs", "burn_in_steps", "every_n_steps", "weighting", "num_bins", "check_block_epochs",
@@ -213,7 +220,7 @@ MAPPING_PARAMETERS = {
     "temperature_schedule": TEMPERATURE_SCHEDULE_KINDS,
 }
 OOD_KEYS = {"in_classes", "out_classes", "label_noise"}
-DATASETS = ("digits", "emnist_balanced", "fashion_mnist", "cifar10")
+DATASETS = ("digits", "emnist_balanced", "fashion_mnist", "mnist", "cifar10")
 DEFAULT_MOCK_EXAMPLES = 64
 STRATEGIES = ("none", "mirrored", "multi_worker")
 EXIT_ERROR = 2  # missing data or a bad config, like argparse usage errors
@@ -292,6 +299,9 @@ def load_config(path: str | os.PathLike) -> dict:
         raise ConfigError(f"`data.label_noise` must be fractions in [0, 1], got {noise!r}.")
     data.setdefault("options", {})
     data.setdefault("eval_batch_size", 1000)
+    data.setdefault("data_dir", None)
+    if data["data_dir"] is not None and (not isinstance(data["data_dir"], str) or not data["data_dir"]):
+        raise ConfigError(f"`data.data_dir` must be a directory name or null, got {data['data_dir']!r}.")
     model = _check_keys("model", config["model"], MODEL_KEYS)
     model.setdefault("options", {})
     training = _check_keys("training", config["training"], TRAINING_KEYS)
@@ -647,6 +657,7 @@ def _loader(config: dict, *, quick: bool, data_dir: str | None):
         load = {
             "emnist_balanced": kt_data.load_emnist_balanced,
             "fashion_mnist": kt_data.load_fashion_mnist,
+            "mnist": kt_data.load_mnist,
             "cifar10": kt_data.load_cifar10,
         }[spec["dataset"]]
         common["data_dir"] = data_dir
@@ -675,6 +686,8 @@ def load_task_data(config: dict, label_noise: float, *, quick: bool, mock_data: 
     from keras_thermo import data as kt_data  # noqa: PLC0415
 
     spec = config["data"]
+    # The command line's directory, else the config's; mock data never reads a real file.
+    data_dir = None if mock_data else data_dir or spec.get("data_dir")
     load = _loader(config, quick=quick, data_dir=data_dir)
     batch_size = int(config["training"]["batch_size"])
     # Minibatches drawn with replacement (independent draws, the papers' protocol): reshuffled
@@ -1777,7 +1790,8 @@ def run_config(
         out: Output folder (created).
         quick: Apply the config's `quick:` section.
         mock_data: Load TFDS datasets from `tfds.testing.mock_data` (random images).
-        data_dir: TFDS data directory (default: TFDS' own).
+        data_dir: Directory of IDX files, else TFDS data directory (module doc); None: the
+            config's `data.data_dir`, else TFDS' default.
         methods: Keep only these method keys.
         verbose: Keras `fit` verbosity 0, 1, 2 or "auto" (`fit_verbosity`); above 0, every
             sampler run's EquilibrationCheck also warns when the net is not at T.
@@ -1815,6 +1829,8 @@ def run_config(
     out = output_folder(out, strategy)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    if data_dir is not None and not mock_data:  # results.json records where the data came from
+        config = _merge(config, {"data": {"data_dir": str(data_dir)}})
     loading = {"quick": quick, "mock_data": mock_data, "data_dir": data_dir}
 
     # 1. Tuning: every trial is scored on a validation part of the training split. The test
@@ -1925,7 +1941,8 @@ def parse_args(argv: list[str] | None = None, *, description: str | None = None)
     parser.add_argument("--out", help="output folder (default runs/<config name>)")
     parser.add_argument("--quick", action="store_true", help="apply the config's quick: section")
     parser.add_argument("--mock-data", action="store_true", help="TFDS mock data (random images, offline)")
-    parser.add_argument("--data-dir", help="TFDS data directory")
+    parser.add_argument("--data-dir", help="directory of IDX files (EMNIST, Fashion-MNIST, MNIST; `make real-data` "
+                                           "fills data/real), else a TFDS data directory; overrides data.data_dir")
     parser.add_argument("--methods", help="comma-separated method keys to run")
     parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=None,
                         help="Keras fit verbosity (default: a progress bar on a terminal, else a line per epoch)")

