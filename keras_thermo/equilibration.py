@@ -343,8 +343,15 @@ class EquilibrationCheck(keras.callbacks.Callback):
             dashboard.write_layout(self.log_dir)
             self._writer = tf.summary.create_file_writer(f"{self.log_dir}/temperatures")
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._drained_in_epoch = 0
+
     def on_train_batch_end(self, batch, logs=None):
-        self._drain()
+        # `batch` is the epoch's index of the execution's last step: read the sums back only
+        # once a block's worth of steps has run (blocks close at drains), not after every step.
+        if batch + 1 - getattr(self, "_drained_in_epoch", 0) >= self.block_steps:
+            self._drained_in_epoch = batch + 1
+            self._drain()
 
     def on_train_end(self, logs=None):
         self._drain()
@@ -358,6 +365,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self._drain()
+        self._drained_in_epoch = 0
         report = self.report()
         if logs is not None:
             verdict = report["equilibrated"]

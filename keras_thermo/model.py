@@ -118,7 +118,7 @@ def configurational_temperature(params, force) -> tf.Tensor:
     The terms cancel (the value crosses zero while they reach `|theta . F| / Nd`), so they are
     summed in float64; each product is rounded to float32 first (an error of at most `2^-24`
     of `sum |theta_i F_i|`, far below one step's minibatch noise), which halves the cost of
-    casting both factors (`python -m benchmarks.step_pieces`)."""
+    casting both factors (`python -m benchmarks.lab.step_pieces`)."""
     total = tf.add_n([tf.reduce_sum(tf.cast(theta * tf.cast(f, theta.dtype), tf.float64)) for theta, f in zip(params, force)])
     return tf.cast(-total / float(kt_samplers.base.num_scalars(params)), tf.float32)
 
@@ -129,7 +129,7 @@ def all_finite(tensors) -> tf.Tensor:
     `0 * t` is 0 for finite `t` and NaN for an infinite or NaN entry, so one sum per tensor,
     cast to float64 (NaN stays NaN), answers it: the same answer as
     `reduce_all(is_finite(t))` with arithmetic reductions, which on a CPU cost a fraction of
-    the boolean ones (`python -m benchmarks.step_pieces`).
+    the boolean ones (`python -m benchmarks.lab.step_pieces`).
 
     Example:
         >>> bool(all_finite([tf.constant([1.0, -2.0]), tf.constant(3.0, tf.float64)]))
