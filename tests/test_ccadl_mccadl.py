@@ -377,3 +377,17 @@ def test_auto_per_example_method_picks_the_layer_rules_and_dense_layers_stays_de
         forced.fit(np.zeros((8, 6, 6, 1), "float32"), np.zeros((8, 2), "float32"), batch_size=4, verbose=0)
     with pytest.raises(ValueError, match="per_example_method.*'sideways'"):
         kt.BayesianModel(dense.net, CCAdL(1e-3), num_examples=8, per_example_method="sideways")
+
+
+def test_ccadl_logs_the_step_size_its_covariance_estimate_allows():
+    # One weight: Sigma is the scalar `noise_scale`, so the explicit friction's limit
+    # (h^2/2) beta Sigma < 2 is h < sqrt(4 / (beta Sigma)) exactly; at T = 2, beta = 1/2.
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 1)).astype("float32")
+    y = (3.0 * x + rng.standard_normal((64, 1))).astype("float32")
+    net = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False)])
+    model = kt.BayesianModel(net, kt.samplers.CCAdL(1e-3, covariance="diag"), num_examples=640, temperature=2.0, seed=0)
+    model.compile(loss="mse")
+    logs = model.train_on_batch(x, y, return_dict=True)
+    assert logs["noise_scale"] > 0
+    np.testing.assert_allclose(logs["step_size_limit"], np.sqrt(4.0 / (0.5 * logs["noise_scale"])), rtol=1e-5)

@@ -189,6 +189,18 @@ class CCAdL(ThermostatSampler):
         return [integrators.as_float32(var) * p for var, p in zip(average, momentum)]
 
     @staticmethod
+    def _largest_diagonal(average, inverse_mass=None) -> tf.Tensor:
+        """`max_i I_ii` (or `max_i I_ii / m_i`): a lower bound on the largest eigenvalue of
+        `I_t` (of `M^-1/2 I_t M^-1/2`), exact for the diagonal covariance."""
+        if isinstance(average, (list, tuple)):
+            diagonal = tf.concat([tf.reshape(integrators.as_float32(v), [-1]) for v in average], axis=0)
+        else:
+            diagonal = integrators.as_float32(tf.linalg.diag_part(average))
+        if inverse_mass is not None:
+            diagonal = diagonal * kt_grads.flatten(inverse_mass)
+        return tf.reduce_max(diagonal)
+
+    @staticmethod
     def _trace(average, inverse_mass=None) -> tf.Tensor:
         """`tr(I_t)`, or `tr(M^-1/2 I_t M^-1/2) = sum_i I_ii / m_i` given `M^-1` per variable."""
         if inverse_mass is None:
@@ -217,6 +229,7 @@ class CCAdL(ThermostatSampler):
             sigma_scale = force_noise_scale(context) / self.mass
             sigma_p = [sigma_scale * v for v in self._covariance_times(average, state.momentum, params)]
             noise_scale = sigma_scale * self._trace(average) / float(num_params)
+            largest = sigma_scale * self._largest_diagonal(average)
         else:
             # Diagonal mass M. The force noise B = (N^2/n) I_t enters p with covariance h^2 B per
             # step; in q = M^-1/2 p (q ~ N(0, T I) at equilibrium) it is M^-1/2 B M^-1/2 =: Sigma,
@@ -230,6 +243,7 @@ class CCAdL(ThermostatSampler):
             sigma_p = [sigma_scale * v for v in self._covariance_times(average, scaled_momentum, params)]
             full_inverse = [tf.broadcast_to(w, p.shape) for w, p in zip(inverse_mass, params)]
             noise_scale = sigma_scale * self._trace(average, full_inverse) / float(num_params)
+            largest = sigma_scale * self._largest_diagonal(average, full_inverse)
         # p + h (F - (h/2) beta Sigma p) - h xi p + noise is the paper's momentum update.
         corrected_force = [f - (0.5 * h * beta) * s for f, s in zip(force, sigma_p)]
         noise = context.normal(state.step, params, kt_random.STREAM_MOMENTUM)
@@ -243,6 +257,9 @@ class CCAdL(ThermostatSampler):
             "step_size": h,
             "xi": integrators.as_float32(xi),
             "noise_scale": noise_scale,
+            # The explicit covariance friction stays stable while (h^2/2) beta lambda < 2, with
+            # lambda >= the largest diagonal entry of Sigma: h must stay below this.
+            "step_size_limit": tf.sqrt(4.0 / (beta * tf.maximum(largest, 1e-30))),
         }
         new_state = CCAdLState(
             step=state.step + 1, momentum=momentum, xi=xi, covariance=average, preconditioner=preconditioner
