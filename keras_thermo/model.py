@@ -14,21 +14,14 @@ capture it, and the noise is keyed by (seed, step), so a restored run continues 
 from __future__ import annotations
 
 import inspect
-import logging
-import math
 import random as py_random
-import warnings
-from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_thermo import _fit_checks
+from keras_thermo import _fit_checks, _fit_setup
 from keras_thermo import chains as kt_chains
-from keras_thermo import data as kt_data
-from keras_thermo import dense_gradients as kt_dense_gradients
-from keras_thermo import equilibration as kt_equilibration
 from keras_thermo import per_example as kt_per_example
 from keras_thermo import priors as kt_priors
 from keras_thermo import random as kt_random
@@ -40,40 +33,18 @@ from keras_thermo._distribute import (
     check_even_batches,
     isolate_collectives,
     replica_local_variable,
-    symbolic_inputs,
 )
-from keras_thermo._recording import RecordingCallback
 from keras_thermo._validation import check_bool, check_choice, check_int, check_positive, check_seed
 from keras_thermo.step import SamplingStep
-from keras_thermo.step import all_finite, configurational_temperature  # noqa: F401 (importable from here too)
+# Importable from here too, where they were first defined.
+from keras_thermo._fit_checks import check_float32_variables  # noqa: F401
+from keras_thermo.step import all_finite, configurational_temperature  # noqa: F401
 
 #: How per-example gradient statistics are computed (samplers that need them: CCAdL, mCCAdL).
 PER_EXAMPLE_METHODS = ("auto", "layers", "vectorized", "dense_layers")
 
 # Keras loss reductions that keep the `N * mean` convention of the potential.
 _MEAN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
-
-
-# What each kind of `grads.stochastic_setting` does to the sampled target.
-_TARGET_EFFECTS = {
-    "batch_statistics": (
-        "normalises each example with its minibatch's statistics, so U depends on which examples "
-        "share a batch and the chain samples a batch-dependent target, not exp(-U/T). Its moving "
-        "mean and variance are not sampled weights: SampleCollector's samples hold none of them, "
-        "so a stored sample is evaluated later with the final moving statistics. Freeze it "
-        "(layer.trainable = False) or use LayerNormalization"
-    ),
-    "noise": (
-        "multiplies or perturbs activations with fresh noise at every step, so U is random and the "
-        "chain samples a noise-averaged target, not exp(-U/T) (predict and evaluate run without "
-        "the noise). Set the rate to 0: the sampler injects its own noise"
-    ),
-    "random_draws": (
-        "draws random numbers in training mode (e.g. a random augmentation), so U is random and "
-        "the target is an average over those draws. Move augmentation into the tf.data pipeline "
-        "if the augmented examples are meant as data"
-    ),
-}
 
 
 class SamplerDivergedError(FloatingPointError):
@@ -108,91 +79,6 @@ class _Runtime:
         # The size of a batch that did not split over the chains (-1: none yet), see `fit`.
         self.uneven_batch = replica_local_variable(tf.constant(-1, tf.int64), name="uneven_batch")
         self.state_structure = None
-
-
-def _checks_first(callbacks):
-    """Moves `EquilibrationCheck`s to the front, so the epoch logs they add reach TensorBoard,
-    History and the progress bar (Keras passes one logs dict through the callbacks in order)."""
-    if callbacks is None or isinstance(callbacks, keras.callbacks.CallbackList):
-        return callbacks
-    callbacks = list(callbacks)
-    is_check = [isinstance(cb, kt_equilibration.EquilibrationCheck) for cb in callbacks]
-    return [cb for cb, c in zip(callbacks, is_check) if c] + [cb for cb, c in zip(callbacks, is_check) if not c]
-
-
-def _is_array_data(x) -> bool:
-    """Whether `fit`'s `x` is in-memory arrays (numpy or tensors, possibly nested), not a
-    `tf.data.Dataset`, `PyDataset` or generator."""
-    if x is None or isinstance(x, (tf.data.Dataset, keras.utils.PyDataset)):
-        return False
-    leaves = tf.nest.flatten(x)
-    return bool(leaves) and all(isinstance(leaf, (np.ndarray, tf.Tensor)) for leaf in leaves)
-
-
-def check_float32_variables(variables) -> None:
-    """Refuses weights that are not float32: the samplers' noise, momenta and step sizes are
-    float32, and a float64 (or float16) weight would fail deep inside the traced step."""
-    for variable in variables:
-        dtype = keras.backend.standardize_dtype(variable.dtype)
-        if dtype != "float32":
-            raise TypeError(
-                f"BayesianModel samples float32 weights, but trainable variable "
-                f"{getattr(variable, 'path', variable.name)!r} has dtype {dtype!r}. Build the net "
-                "with dtype='float32' (or keras.config.set_floatx('float32')); a mixed-precision "
-                "policy such as 'mixed_bfloat16' keeps float32 weights and is accepted."
-            )
-
-
-def _single_output_loss_weight(loss, loss_weights, sampler_name: str) -> float:
-    """The factor `loss_weights` puts on a single-output loss (1 when None).
-
-    Per-example gradients are those of one loss per example; Keras' multi-output losses (a list
-    or dict of losses) would need the per-example pass to reproduce Keras' matching of targets
-    to outputs, so they are refused here with what to do instead.
-    """
-    losses = [loss] if isinstance(loss, (str, keras.losses.Loss)) or callable(loss) else tf.nest.flatten(loss)
-    weights = [] if loss_weights is None else (
-        [loss_weights] if isinstance(loss_weights, (int, float)) else tf.nest.flatten(loss_weights)
-    )
-    if len(losses) > 1 or len(weights) > 1:
-        raise ValueError(
-            f"{sampler_name} takes per-example gradients of a single-output loss, but `loss` is "
-            f"{loss!r} with `loss_weights` {loss_weights!r}. Combine the outputs' losses into one "
-            "keras.losses.Loss (a subclass whose `call` returns each example's weighted sum), or "
-            "use a sampler without per-example gradients (SGLD, SGHMC, SGNHT, TACT-HMC)."
-        )
-    if not weights:
-        return 1.0
-    return check_positive("loss_weights", weights[0])
-
-
-def _loss_reductions(loss) -> list[tuple[str, Any]]:
-    """(description, reduction) for every Keras loss object inside a compile `loss` argument."""
-    found = []
-    for item in tf.nest.flatten(loss) if not isinstance(loss, keras.losses.Loss) else [loss]:
-        if isinstance(item, keras.losses.Loss):
-            found.append((type(item).__name__, item.reduction))
-    return found
-
-
-def _first_batch_inputs(x, y, batch_size):
-    """A small batch of model inputs taken from `fit`'s data, used to build the model eagerly."""
-    del y
-    if isinstance(x, tf.data.Dataset):
-        inputs = symbolic_inputs(x)  # shapes only: drawing a batch would use up a shuffle order
-        if inputs is not None:
-            return inputs
-        data = next(iter(x.take(1)))
-        inputs, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-        return inputs
-    if isinstance(x, keras.utils.PyDataset):
-        inputs, _, _ = keras.utils.unpack_x_y_sample_weight(x[0])
-        return inputs
-    leaves = tf.nest.flatten(x)
-    if leaves and all(hasattr(leaf, "shape") and len(leaf.shape) > 0 for leaf in leaves):
-        count = batch_size or 2
-        return tf.nest.map_structure(lambda leaf: leaf[:count], x)
-    return None
 
 
 @keras.saving.register_keras_serializable(package="keras_thermo")
@@ -381,10 +267,10 @@ class BayesianModel(SamplingStep, keras.Model):
         if self.sampler.needs_per_example_gradients:
             # The batch loss must be the plain mean of the per-example losses.
             allowed = kt_per_example.PER_EXAMPLE_MEAN_REDUCTIONS
-            self._example_loss_scale = _single_output_loss_weight(
+            self._example_loss_scale = _fit_checks.single_output_loss_weight(
                 loss, kwargs.get("loss_weights"), type(self.sampler).__name__
             )
-        for description, reduction in _loss_reductions(loss):
+        for description, reduction in _fit_checks.loss_reductions(loss):
             if reduction not in allowed:
                 raise ValueError(
                     f"`loss` {description} has reduction={reduction!r}; the potential "
@@ -530,7 +416,7 @@ class BayesianModel(SamplingStep, keras.Model):
                 f"`net` {self.net.name!r} has no trainable weights to sample; a BayesianModel "
                 "needs at least one trainable variable."
             )
-        check_float32_variables(self.trainable_variables)
+        _fit_checks.check_float32_variables(self.trainable_variables)
         with self.distribute_strategy.scope():
             if self.num_chains > 1:
                 self._create_chain_variables()
@@ -697,40 +583,12 @@ class BayesianModel(SamplingStep, keras.Model):
             iterator = None
         return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
-    def _check_per_example_method(self) -> None:
-        if not self.sampler.needs_per_example_gradients:
-            return
-        if kt_per_example.stochastic_layers(self.net):
-            # No per-example path takes these layers: refuse now rather than name a fallback.
-            kt_per_example.check_per_example_compatible(self.net, recurrent_loops=True)
-        if self.per_example_method == "dense_layers":
-            reason = kt_dense_gradients.dense_layer_incompatibility(self.net)
-        elif self.per_example_method in ("layers", "auto"):
-            reason = kt_per_example.incompatibility(self.net)
-        else:
-            return
-        if reason is None:
-            return
-        if self.per_example_method == "auto":
-            if not self._runtime.noted_per_example_fallback:
-                self._runtime.noted_per_example_fallback = True
-                logging.getLogger("keras_thermo").warning(
-                    "%s: per-example gradients of net %r come from tf.vectorized_map (several times "
-                    "slower than the layer rules) because %s.",
-                    type(self.sampler).__name__, self.net.name, reason,
-                )
-            return
-        raise ValueError(
-            f"`per_example_method` {self.per_example_method!r} does not apply to net {self.net.name!r}: "
-            f"{reason}. Use 'auto' or 'vectorized'."
-        )
-
     # --- fit ----------------------------------------------------------------------------------
 
     def _build_from_data(self, x, y, batch_size) -> None:
         if self.built and self._state_variables:
             return
-        inputs = _first_batch_inputs(x, y, batch_size)
+        inputs = _fit_setup.first_batch_inputs(x, y, batch_size)
         if inputs is None:
             if self.net.built:
                 self.build()
@@ -743,57 +601,6 @@ class BayesianModel(SamplingStep, keras.Model):
         self(inputs, training=False)
         if not self._state_variables:
             self.build()
-
-    def _warn_about_stochastic_layers(self) -> None:
-        """Warns once per model about layers that make U random or batch-coupled (samplers with
-        per-example gradients refuse them instead, see `grads.check_per_example_compatible`)."""
-        if self._runtime.warned_about_layers or self.sampler.needs_per_example_gradients:
-            return
-        self._runtime.warned_about_layers = True
-        for layer, kind, setting in kt_per_example.stochastic_layers(self.net):
-            warnings.warn(
-                f"BayesianModel: layer {layer.name!r}, {setting}, {_TARGET_EFFECTS[kind]}.",
-                UserWarning,
-                stacklevel=3,
-            )
-
-    def _attach_recorders(self, callbacks) -> None:
-        if isinstance(callbacks, keras.callbacks.CallbackList):
-            callbacks = callbacks.callbacks
-        callbacks = list(callbacks or [])
-        checks = [cb for cb in callbacks if isinstance(cb, kt_equilibration.EquilibrationCheck)]
-        recording = [cb for cb in callbacks if isinstance(cb, RecordingCallback)]
-        for cb in recording:
-            if cb.equilibration_check is not None and cb.equilibration_check not in checks:
-                raise ValueError(
-                    f"{type(cb).__name__}(burn_in_steps=<EquilibrationCheck>) starts when that check "
-                    "says the run is in band, but the check is not among fit's `callbacks`; pass it too."
-                )
-        temperature_recorders = [cb.attach(self) for cb in checks]
-        recorders = [cb.attach(self) for cb in recording]
-        same = [id(r) for r in recorders + temperature_recorders] == [
-            id(r) for r in self._runtime.recorders + self._runtime.temperature_recorders
-        ]
-        if not same:
-            # The compiled step captures the recorders it writes to: rebuild it for this set.
-            self.train_function = None
-        self._runtime.recorders = recorders
-        self._runtime.temperature_recorders = temperature_recorders
-        self._runtime.temperature_checks = checks
-
-    def _with_default_check(self, callbacks):
-        """`callbacks` with the default `EquilibrationCheck` in front when `temperature_check`
-        is on and the user gave none (one check per model, kept across fits)."""
-        given = callbacks.callbacks if isinstance(callbacks, keras.callbacks.CallbackList) else list(callbacks or [])
-        if not self.temperature_check or any(isinstance(cb, kt_equilibration.EquilibrationCheck) for cb in given):
-            return callbacks
-        if self._runtime.default_check is None:
-            self._runtime.default_check = kt_equilibration.default_check()
-        if isinstance(callbacks, keras.callbacks.CallbackList):
-            callbacks.callbacks.insert(0, self._runtime.default_check)
-            self._runtime.default_check.set_model(self)
-            return callbacks
-        return [self._runtime.default_check] + given
 
     def temperature_report(self) -> dict | None:
         """The report of the `EquilibrationCheck` of the last `fit` (its own or the default one,
@@ -828,19 +635,19 @@ class BayesianModel(SamplingStep, keras.Model):
         if self.num_examples is None:
             self.num_examples = _fit_checks.resolve_num_examples(rows)
         _fit_checks.check_num_examples(self.num_examples, rows, split)
-        self._check_per_example_method()
-        self._warn_about_stochastic_layers()
+        _fit_checks.check_per_example_method(self)
+        _fit_checks.warn_about_stochastic_layers(self)
         check_even_batches(
             self.distribute_strategy.num_replicas_in_sync, arguments.get("x"), arguments.get("batch_size"),
             arguments.get("validation_split", 0.0), arguments.get("steps_per_epoch"),
         )
-        draws_batches = with_replacement and arguments.get("shuffle", True) and _is_array_data(arguments.get("x"))
-        self._check_chain_batch_size(arguments.get("x"), arguments.get("batch_size"), draws_batches)
+        draws_batches = with_replacement and arguments.get("shuffle", True) and _fit_checks.is_array_data(arguments.get("x"))
+        _fit_checks.check_chain_batch_size(self, arguments.get("x"), arguments.get("batch_size"), draws_batches)
         if draws_batches:
-            self._draw_array_minibatches_with_replacement(arguments)
-        elif not _is_array_data(arguments.get("x")) and not getattr(arguments.get("x"), "draws_with_replacement", False):
-            self._note_pipeline_noise()
-        callbacks = _checks_first(self._with_default_check(arguments.get("callbacks")))
+            _fit_setup.draw_array_minibatches_with_replacement(self, arguments)
+        elif not _fit_checks.is_array_data(arguments.get("x")) and not getattr(arguments.get("x"), "draws_with_replacement", False):
+            _fit_checks.note_pipeline_noise(self)
+        callbacks = _fit_setup.checks_first(_fit_setup.with_default_check(self, arguments.get("callbacks")))
         if self.num_chains > 1:
             callbacks = kt_chains.with_chain_progbar(callbacks)
         arguments["callbacks"] = callbacks
@@ -848,10 +655,10 @@ class BayesianModel(SamplingStep, keras.Model):
         _fit_checks.warn_about_restoring_callbacks(callbacks)
         _fit_checks.warn_about_class_weight(arguments.get("class_weight"))
         _fit_checks.warn_about_output_kind(self)
-        self._attach_recorders(callbacks)
+        _fit_setup.attach_recorders(self, callbacks)
         self._runtime.diverged_at.assign(-1)
         self._runtime.uneven_batch.assign(-1)
-        guard = _DivergenceGuard()
+        guard = _fit_setup.DivergenceGuard()
         if isinstance(callbacks, keras.callbacks.CallbackList):
             callbacks.append(guard)
         else:
@@ -860,81 +667,11 @@ class BayesianModel(SamplingStep, keras.Model):
         self._raise_if_diverged()
         return history
 
-    def _check_chain_batch_size(self, x, batch_size, draws_batches: bool) -> None:
-        """Refuses, before the first step, batches of a known size that do not split into one
-        equal part per chain (`chain_minibatches="split"`); sizes that show only at run time
-        stop `fit` at the first such batch (`_chain_batches`). Batches `fit` draws itself
-        (`draws_batches`) hold `batch_size` examples per chain."""
-        if self.num_chains == 1 or self.chain_minibatches == "shared" or draws_batches:
-            return
-        if isinstance(x, tf.data.Dataset):
-            sizes = {
-                leaf.shape[0] for leaf in tf.nest.flatten(x.element_spec)
-                if isinstance(leaf, tf.TensorSpec) and leaf.shape.rank and leaf.shape[0] is not None
-            }
-            what = "the tf.data pipeline's batches hold"
-        elif _is_array_data(x):
-            sizes, what = {batch_size or 32}, "`batch_size` is"
-        else:
-            return
-        for size in sizes:
-            if size % self.num_chains:
-                raise ValueError(
-                    f"{what} {size} examples, which do not split into num_chains={self.num_chains} "
-                    "equal parts (chain_minibatches='split' gives each chain one part): use a batch "
-                    f"size that is a multiple of {self.num_chains}, fit on arrays with the default "
-                    "shuffle (each chain then draws batch_size examples of its own), or "
-                    "chain_minibatches='shared'."
-                )
-
-    def _draw_array_minibatches_with_replacement(self, arguments) -> None:
-        """Replaces `fit`'s arrays by `data.keyed_minibatches` (see `fit`), keeping Keras' epoch
-        length, `validation_split` (the last fraction, as Keras takes it) and `sample_weight`."""
-        batch_size = arguments.pop("batch_size", None) or 32
-        arrays = tuple(arguments.pop(name) for name in ("x", "y", "sample_weight") if arguments.get(name) is not None)
-        split = arguments.pop("validation_split", 0.0) or 0.0
-        if split:
-            arrays, validation = kt_data.split_off_validation(arrays, split)
-            arguments["validation_data"] = validation
-        arguments["shuffle"] = False  # the draws are already random (Keras warns otherwise)
-        num_examples = int(tf.nest.flatten(arrays)[0].shape[0])
-        steps_per_epoch = arguments.get("steps_per_epoch") or math.ceil(num_examples / batch_size)
-        if self.num_chains > 1 and self.chain_minibatches == "split":
-            batch_size *= self.num_chains  # batch_size examples of its own for every chain
-        step = self._state_variables[0]  # the sampler's step counter
-        if self.distribute_strategy.num_replicas_in_sync == 1:
-            # One epoch's batches, from the step counter read when Keras starts the epoch's
-            # iterator: epochs continue the stream, also after BackupAndRestore, and an epoch
-            # ends after its batches whatever steps_per_execution is, as with Keras' arrays.
-            batches = kt_data.keyed_minibatches(arrays, batch_size, seed=self.seed, first_batch=step)
-            arguments["x"] = batches.take(steps_per_epoch).apply(
-                tf.data.experimental.assert_cardinality(steps_per_epoch)
-            )
-            arguments.pop("steps_per_epoch", None)
-        else:
-            # A distributed dataset keeps one iterator over the epochs: one endless stream.
-            arguments["x"] = kt_data.keyed_minibatches(arrays, batch_size, seed=self.seed, first_batch=int(step.numpy()))
-            arguments["steps_per_epoch"] = steps_per_epoch
-
-    def _note_pipeline_noise(self) -> None:
-        """Logs once that a pipeline's own batch order is used (thermostats assume white noise)."""
-        if self._runtime.noted_pipeline or not getattr(self.sampler, "assumes_white_gradient_noise", False):
-            return
-        self._runtime.noted_pipeline = True
-        logging.getLogger("keras_thermo").warning(
-            "%s assumes independent minibatches (white gradient noise); this dataset's own batch "
-            "order is used. Epochs drawn without replacement make the noise of an epoch sum to "
-            "zero, which biases noise-absorbing thermostats and CCAdL/mCCAdL's covariance "
-            "correction: draw batches with replacement (keras_thermo.data.random_minibatches, or "
-            "fit on arrays, which does so by default).",
-            type(self.sampler).__name__,
-        )
-
     def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None, return_dict=False):
         """`keras.Model.train_on_batch` (one sampler step), building the sampler state first."""
         self._build_from_data(x, y, None)
-        self._check_per_example_method()
-        self._warn_about_stochastic_layers()
+        _fit_checks.check_per_example_method(self)
+        _fit_checks.warn_about_stochastic_layers(self)
         self._runtime.diverged_at.assign(-1)
         self._runtime.uneven_batch.assign(-1)
         logs = super().train_on_batch(
@@ -965,11 +702,3 @@ class BayesianModel(SamplingStep, keras.Model):
                 step=step,
             )
 
-
-class _DivergenceGuard(keras.callbacks.Callback):
-    """Stops `fit` cleanly at the end of the execution in which a step went non-finite."""
-
-    def on_train_batch_end(self, batch, logs=None):
-        runtime = self.model._runtime
-        if int(runtime.diverged_at.numpy()) >= 0 or int(runtime.uneven_batch.numpy()) >= 0:
-            self.model.stop_training = True

@@ -263,7 +263,7 @@ class SamplingStep:
         """`([(x, y, sample_weight)] per chain, uneven)`: the whole batch for every chain
         (`"shared"`), or C equal parts of it, one per chain (`"split"`). `uneven` is the batch's
         size when C does not divide it, else -1; the step then applies nothing and `fit` raises
-        (a batch size known before the first step is checked there, `_check_chain_batch_size`)."""
+        (a batch size known before the first step is checked there, `_fit_checks.check_chain_batch_size`)."""
         if self.num_chains == 1 or self.chain_minibatches == "shared":
             return [data] * self.num_chains, tf.constant(-1, tf.int64)
         chains = self.num_chains
