@@ -9,6 +9,10 @@ regularization losses) and `R = -log prior(theta)`, takes the force `F = -grad U
 to the sampler's update rule. The sampler's state (momenta, thermostats, step counter) lives in
 non-trainable variables of this model, so `model.save`, `save_weights` and `ModelCheckpoint`
 capture it, and the noise is keyed by (seed, step), so a restored run continues exactly.
+
+The step itself is `keras_thermo.step` (`SamplingStep`, which `BayesianModel` inherits), the
+chains' weights `keras_thermo.chains.ChainWeights`; `fit`'s argument checks are in `_fit_checks`,
+and what it hands to Keras' `fit` (minibatches, callbacks) in `_fit_setup`.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ import inspect
 import random as py_random
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from keras_thermo import _fit_checks, _fit_setup
@@ -27,18 +30,13 @@ from keras_thermo import priors as kt_priors
 from keras_thermo import random as kt_random
 from keras_thermo import samplers as kt_samplers
 from keras_thermo import schedules as kt_schedules
-from keras_thermo._distribute import (
-    CrossReplica,
-    batch_spec,
-    check_even_batches,
-    isolate_collectives,
-    replica_local_variable,
-)
+from keras_thermo._distribute import CrossReplica, batch_spec, check_even_batches, isolate_collectives
 from keras_thermo._validation import check_bool, check_choice, check_int, check_positive, check_seed
-from keras_thermo.step import SamplingStep
+from keras_thermo.step import SamplingStep, _Runtime
+
 # Importable from here too, where they were first defined.
 from keras_thermo._fit_checks import check_float32_variables  # noqa: F401
-from keras_thermo.step import all_finite, configurational_temperature  # noqa: F401
+from keras_thermo.step import SamplerDivergedError, all_finite, configurational_temperature  # noqa: F401
 
 #: How per-example gradient statistics are computed (samplers that need them: CCAdL, mCCAdL).
 PER_EXAMPLE_METHODS = ("auto", "layers", "vectorized", "dense_layers")
@@ -47,42 +45,8 @@ PER_EXAMPLE_METHODS = ("auto", "layers", "vectorized", "dense_layers")
 _MEAN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 
 
-class SamplerDivergedError(FloatingPointError):
-    """Raised by `fit` when a sampler step produced a non-finite value.
-
-    The weights and the sampler state are left at the last finite step; `step` is the number
-    of finite steps taken before it (None where not known).
-    """
-
-    def __init__(self, message: str, step: int | None = None):
-        super().__init__(message)
-        self.step = step
-
-
-class _Runtime:
-    """Per-session objects the train step uses but that are not part of the saved model.
-
-    Kept in a plain object so Keras does not track them as model weights: attaching a callback
-    must not change what a checkpoint holds.
-    """
-
-    def __init__(self):
-        self.recorders: list = []
-        self.temperature_recorders: list = []
-        self.temperature_checks: list = []  # the EquilibrationChecks of the current fit
-        self.default_check = None  # the check `temperature_check=True` adds, kept across fits
-        self.warned_about_layers = False
-        self.noted_pipeline = False
-        self.noted_per_example_fallback = False
-        # One copy per replica (they agree): written inside the step, read by the callbacks.
-        self.diverged_at = replica_local_variable(tf.constant(-1, tf.int64), name="diverged_at")
-        # The size of a batch that did not split over the chains (-1: none yet), see `fit`.
-        self.uneven_batch = replica_local_variable(tf.constant(-1, tf.int64), name="uneven_batch")
-        self.state_structure = None
-
-
 @keras.saving.register_keras_serializable(package="keras_thermo")
-class BayesianModel(SamplingStep, keras.Model):
+class BayesianModel(SamplingStep, kt_chains.ChainWeights, keras.Model):
     """Turns `fit` on any Keras model into a stochastic-gradient MCMC sampler.
 
     Args:
@@ -424,21 +388,6 @@ class BayesianModel(SamplingStep, keras.Model):
             self._create_setting_variables()
             self._create_prior_state_variables()
 
-    def _create_chain_variables(self) -> None:
-        """Chains 1..C-1 start from the net's initializers redrawn with their seeds."""
-        variables = self.trainable_variables
-        starts = [
-            kt_chains.redrawn_initial_weights(self.net, variables, self.chain_seeds[k])
-            for k in range(1, self.num_chains)
-        ]
-        self._chain_variables = [
-            keras.Variable(
-                np.stack([start[i] for start in starts]), dtype=variable.dtype, trainable=False,
-                autocast=False, name=f"chain_weights_{i}",
-            )
-            for i, variable in enumerate(variables)
-        ]
-
     def _create_state_variables(self, params) -> None:
         if self.num_chains == 1:
             initial = self.sampler.init(params, temperature=self.temperature, seed=self.seed)
@@ -495,64 +444,6 @@ class BayesianModel(SamplingStep, keras.Model):
     def sampler_step(self) -> int:
         """Number of sampler steps taken so far (restored with the weights)."""
         return int(self.sampler_state().step)
-
-    # --- several chains -------------------------------------------------------------------------
-
-    def _stacked_params(self) -> list[tf.Tensor]:
-        """Every chain's weights, one `[C, *shape]` tensor per trainable variable."""
-        variables = self.trainable_variables
-        if self.num_chains == 1:
-            return [tf.convert_to_tensor(v)[None] for v in variables]
-        return [
-            tf.concat([tf.convert_to_tensor(v)[None], tf.convert_to_tensor(c)], axis=0)
-            for v, c in zip(variables, self._chain_variables)
-        ]
-
-    def _check_chain(self, chain) -> int:
-        if not self._state_variables:
-            raise ValueError("The chains do not exist yet: build or fit the model first.")
-        chain = check_int("chain", chain, low=0)
-        if chain >= self.num_chains:
-            raise ValueError(f"`chain` must be in [0, {self.num_chains}), got {chain}.")
-        return chain
-
-    def chain_weights(self, chain: int) -> list[np.ndarray]:
-        """Chain `chain`'s current weights, one array per trainable variable (chain 0: the
-        net's own)."""
-        chain = self._check_chain(chain)
-        if chain == 0:
-            return [np.asarray(v.numpy()) for v in self.trainable_variables]
-        return [np.asarray(c[chain - 1].numpy()) for c in self._chain_variables]
-
-    def set_chain_weights(self, chain: int, weights) -> None:
-        """Sets chain `chain`'s weights (e.g. its start), one array per trainable variable in
-        `trainable_variables` order; chain 0's are the net's own."""
-        chain = self._check_chain(chain)
-        variables = self.trainable_variables
-        weights = list(weights)
-        if len(weights) != len(variables) or any(
-            tuple(np.shape(w)) != tuple(v.shape) for w, v in zip(weights, variables)
-        ):
-            raise ValueError(
-                f"`weights` must hold one array per trainable variable, shaped "
-                f"{[tuple(v.shape) for v in variables]}; got {[tuple(np.shape(w)) for w in weights]}."
-            )
-        for i, (variable, value) in enumerate(zip(variables, weights)):
-            if chain == 0:
-                variable.assign(value)
-            else:
-                self._chain_variables[i].assign(
-                    tf.tensor_scatter_nd_update(self._chain_variables[i], [[chain - 1]], np.asarray(value)[None])
-                )
-
-    @property
-    def chain_path(self) -> str:
-        """How the C forward/backward passes run: `"vectorized"` or `"loop"` (resolves "auto")."""
-        if self.chain_method != "auto":
-            return self.chain_method
-        # Measured by benchmarks/chains.py on CPU: the loop was the faster for every network and
-        # sampler there (one vectorized map of small layers costs more than C plain passes).
-        return "loop"
 
     # --- Keras' evaluate and build under a strategy ---------------------------------------------
 
@@ -679,26 +570,3 @@ class BayesianModel(SamplingStep, keras.Model):
         )
         self._raise_if_diverged()
         return logs
-
-    def _raise_if_diverged(self) -> None:
-        uneven = int(self._runtime.uneven_batch.numpy())
-        if uneven >= 0:
-            raise ValueError(
-                f"BayesianModel(num_chains={self.num_chains}, chain_minibatches='split') cuts every "
-                f"batch into {self.num_chains} equal parts, one per chain, but a batch of {uneven} "
-                f"examples came; that step and every later one was not applied. Fit on arrays (each "
-                f"chain then draws `batch_size` examples of its own), or batch the pipeline in "
-                f"multiples of num_chains={self.num_chains} with drop_remainder=True, or use "
-                "chain_minibatches='shared'."
-            )
-        step = int(self._runtime.diverged_at.numpy())
-        if step >= 0:
-            raise SamplerDivergedError(
-                f"Sampler {type(self.sampler).__name__} produced a non-finite value at step {step} "
-                f"(force, momentum, thermostat or weights); the model holds the last finite state, "
-                f"reached after {step} steps. Likely cause: the step size "
-                f"{self.sampler.step_size!r} is too large for the gradient-noise level; reduce "
-                "step_size or increase friction.",
-                step=step,
-            )
-

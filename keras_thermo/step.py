@@ -3,8 +3,9 @@
 Per chain: the potential `U = N * L + R` of its minibatch, the force `F = -grad U` and, for the
 samplers that need them (CCAdL, mCCAdL), the per-example statistics from the same forward and
 backward pass; the replicas' shares summed; the sampler's update of each chain; the results
-assigned together, or none when a value is non-finite; then what the recording callbacks and
-the logs read. A one-chain model is C = 1 of the same code.
+assigned together, or none when a value is non-finite (then `fit` stops and raises
+`SamplerDivergedError`); then what the recording callbacks and the logs read. A one-chain model
+is C = 1 of the same code.
 
 `SamplingStep` holds these methods; `BayesianModel` inherits them, and holds the variables they
 read and write (weights, chain weights, sampler state, settings) and the per-session `_runtime`.
@@ -22,7 +23,41 @@ from keras_thermo import chains as kt_chains
 from keras_thermo import equilibration as kt_equilibration
 from keras_thermo import per_example as kt_per_example
 from keras_thermo import samplers as kt_samplers
-from keras_thermo._distribute import CrossReplica
+from keras_thermo._distribute import CrossReplica, replica_local_variable
+
+
+class SamplerDivergedError(FloatingPointError):
+    """Raised by `fit` when a sampler step produced a non-finite value.
+
+    The weights and the sampler state are left at the last finite step; `step` is the number
+    of finite steps taken before it (None where not known).
+    """
+
+    def __init__(self, message: str, step: int | None = None):
+        super().__init__(message)
+        self.step = step
+
+
+class _Runtime:
+    """Per-session objects the train step uses but that are not part of the saved model.
+
+    Kept in a plain object so Keras does not track them as model weights: attaching a callback
+    must not change what a checkpoint holds.
+    """
+
+    def __init__(self):
+        self.recorders: list = []
+        self.temperature_recorders: list = []
+        self.temperature_checks: list = []  # the EquilibrationChecks of the current fit
+        self.default_check = None  # the check `temperature_check=True` adds, kept across fits
+        self.warned_about_layers = False
+        self.noted_pipeline = False
+        self.noted_per_example_fallback = False
+        # One copy per replica (they agree): written inside the step, read by the callbacks.
+        self.diverged_at = replica_local_variable(tf.constant(-1, tf.int64), name="diverged_at")
+        # The size of a batch that did not split over the chains (-1: none yet), see `fit`.
+        self.uneven_batch = replica_local_variable(tf.constant(-1, tf.int64), name="uneven_batch")
+        self.state_structure = None
 
 
 def configurational_temperature(params, force) -> tf.Tensor:
@@ -426,3 +461,25 @@ class SamplingStep:
             tf.cast(tf.stack(kinetic), tf.float64),
             tf.cast(tf.stack(configurational), tf.float64),
         )
+
+    def _raise_if_diverged(self) -> None:
+        uneven = int(self._runtime.uneven_batch.numpy())
+        if uneven >= 0:
+            raise ValueError(
+                f"BayesianModel(num_chains={self.num_chains}, chain_minibatches='split') cuts every "
+                f"batch into {self.num_chains} equal parts, one per chain, but a batch of {uneven} "
+                f"examples came; that step and every later one was not applied. Fit on arrays (each "
+                f"chain then draws `batch_size` examples of its own), or batch the pipeline in "
+                f"multiples of num_chains={self.num_chains} with drop_remainder=True, or use "
+                "chain_minibatches='shared'."
+            )
+        step = int(self._runtime.diverged_at.numpy())
+        if step >= 0:
+            raise SamplerDivergedError(
+                f"Sampler {type(self.sampler).__name__} produced a non-finite value at step {step} "
+                f"(force, momentum, thermostat or weights); the model holds the last finite state, "
+                f"reached after {step} steps. Likely cause: the step size "
+                f"{self.sampler.step_size!r} is too large for the gradient-noise level; reduce "
+                "step_size or increase friction.",
+                step=step,
+            )
