@@ -1,17 +1,22 @@
-"""Checks of `BayesianModel.fit`'s arguments: what Keras accepts but would change the sampled
-target, or would make the chain's numbers wrong, refused or said in plain words before the first
-step."""
+"""Checks of `BayesianModel`'s arguments (its net, `compile`'s loss, `fit`'s data and callbacks):
+what Keras accepts but would change the sampled target, or would make the chain's numbers wrong,
+refused or said in plain words before the first step."""
 
 from __future__ import annotations
 
 import logging
 import math
 import warnings
+from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
+from keras_thermo import dense_gradients as kt_dense_gradients
+from keras_thermo import per_example as kt_per_example
 from keras_thermo._outputs import check_outputs_match_loss
+from keras_thermo._validation import check_positive
 
 # Keras callbacks that drive an optimizer's learning rate, which a BayesianModel does not have.
 _LEARNING_RATE_CALLBACKS = (keras.callbacks.LearningRateScheduler, keras.callbacks.ReduceLROnPlateau)
@@ -117,3 +122,166 @@ def warn_about_output_kind(model) -> None:
     message = check_outputs_match_loss(model)
     if message is not None:
         warnings.warn(f"BayesianModel.fit: {message}", UserWarning, stacklevel=4)
+
+
+def check_float32_variables(variables) -> None:
+    """Refuses weights that are not float32: the samplers' noise, momenta and step sizes are
+    float32, and a float64 (or float16) weight would fail deep inside the traced step."""
+    for variable in variables:
+        dtype = keras.backend.standardize_dtype(variable.dtype)
+        if dtype != "float32":
+            raise TypeError(
+                f"BayesianModel samples float32 weights, but trainable variable "
+                f"{getattr(variable, 'path', variable.name)!r} has dtype {dtype!r}. Build the net "
+                "with dtype='float32' (or keras.config.set_floatx('float32')); a mixed-precision "
+                "policy such as 'mixed_bfloat16' keeps float32 weights and is accepted."
+            )
+
+
+def single_output_loss_weight(loss, loss_weights, sampler_name: str) -> float:
+    """The factor `loss_weights` puts on a single-output loss (1 when None).
+
+    Per-example gradients are those of one loss per example; Keras' multi-output losses (a list
+    or dict of losses) would need the per-example pass to reproduce Keras' matching of targets
+    to outputs, so they are refused here with what to do instead.
+    """
+    losses = [loss] if isinstance(loss, (str, keras.losses.Loss)) or callable(loss) else tf.nest.flatten(loss)
+    weights = [] if loss_weights is None else (
+        [loss_weights] if isinstance(loss_weights, (int, float)) else tf.nest.flatten(loss_weights)
+    )
+    if len(losses) > 1 or len(weights) > 1:
+        raise ValueError(
+            f"{sampler_name} takes per-example gradients of a single-output loss, but `loss` is "
+            f"{loss!r} with `loss_weights` {loss_weights!r}. Combine the outputs' losses into one "
+            "keras.losses.Loss (a subclass whose `call` returns each example's weighted sum), or "
+            "use a sampler without per-example gradients (SGLD, SGHMC, SGNHT, TACT-HMC)."
+        )
+    if not weights:
+        return 1.0
+    return check_positive("loss_weights", weights[0])
+
+
+def loss_reductions(loss) -> list[tuple[str, Any]]:
+    """(description, reduction) for every Keras loss object inside a compile `loss` argument."""
+    found = []
+    for item in tf.nest.flatten(loss) if not isinstance(loss, keras.losses.Loss) else [loss]:
+        if isinstance(item, keras.losses.Loss):
+            found.append((type(item).__name__, item.reduction))
+    return found
+
+
+def is_array_data(x) -> bool:
+    """Whether `fit`'s `x` is in-memory arrays (numpy or tensors, possibly nested), not a
+    `tf.data.Dataset`, `PyDataset` or generator."""
+    if x is None or isinstance(x, (tf.data.Dataset, keras.utils.PyDataset)):
+        return False
+    leaves = tf.nest.flatten(x)
+    return bool(leaves) and all(isinstance(leaf, (np.ndarray, tf.Tensor)) for leaf in leaves)
+
+
+def check_chain_batch_size(model, x, batch_size, draws_batches: bool) -> None:
+    """Refuses, before the first step, batches of a known size that do not split into one
+    equal part per chain (`chain_minibatches="split"`); sizes that show only at run time
+    stop `fit` at the first such batch (`_chain_batches`). Batches `fit` draws itself
+    (`draws_batches`) hold `batch_size` examples per chain."""
+    if model.num_chains == 1 or model.chain_minibatches == "shared" or draws_batches:
+        return
+    if isinstance(x, tf.data.Dataset):
+        sizes = {
+            leaf.shape[0] for leaf in tf.nest.flatten(x.element_spec)
+            if isinstance(leaf, tf.TensorSpec) and leaf.shape.rank and leaf.shape[0] is not None
+        }
+        what = "the tf.data pipeline's batches hold"
+    elif is_array_data(x):
+        sizes, what = {batch_size or 32}, "`batch_size` is"
+    else:
+        return
+    for size in sizes:
+        if size % model.num_chains:
+            raise ValueError(
+                f"{what} {size} examples, which do not split into num_chains={model.num_chains} "
+                "equal parts (chain_minibatches='split' gives each chain one part): use a batch "
+                f"size that is a multiple of {model.num_chains}, fit on arrays with the default "
+                "shuffle (each chain then draws batch_size examples of its own), or "
+                "chain_minibatches='shared'."
+            )
+
+
+def check_per_example_method(model) -> None:
+    if not model.sampler.needs_per_example_gradients:
+        return
+    if kt_per_example.stochastic_layers(model.net):
+        # No per-example path takes these layers: refuse now rather than name a fallback.
+        kt_per_example.check_per_example_compatible(model.net, recurrent_loops=True)
+    if model.per_example_method == "dense_layers":
+        reason = kt_dense_gradients.dense_layer_incompatibility(model.net)
+    elif model.per_example_method in ("layers", "auto"):
+        reason = kt_per_example.incompatibility(model.net)
+    else:
+        return
+    if reason is None:
+        return
+    if model.per_example_method == "auto":
+        if not model._runtime.noted_per_example_fallback:
+            model._runtime.noted_per_example_fallback = True
+            logging.getLogger("keras_thermo").warning(
+                "%s: per-example gradients of net %r come from tf.vectorized_map (several times "
+                "slower than the layer rules) because %s.",
+                type(model.sampler).__name__, model.net.name, reason,
+            )
+        return
+    raise ValueError(
+        f"`per_example_method` {model.per_example_method!r} does not apply to net {model.net.name!r}: "
+        f"{reason}. Use 'auto' or 'vectorized'."
+    )
+
+
+# What each kind of `grads.stochastic_setting` does to the sampled target.
+_TARGET_EFFECTS = {
+    "batch_statistics": (
+        "normalises each example with its minibatch's statistics, so U depends on which examples "
+        "share a batch and the chain samples a batch-dependent target, not exp(-U/T). Its moving "
+        "mean and variance are not sampled weights: SampleCollector's samples hold none of them, "
+        "so a stored sample is evaluated later with the final moving statistics. Freeze it "
+        "(layer.trainable = False) or use LayerNormalization"
+    ),
+    "noise": (
+        "multiplies or perturbs activations with fresh noise at every step, so U is random and the "
+        "chain samples a noise-averaged target, not exp(-U/T) (predict and evaluate run without "
+        "the noise). Set the rate to 0: the sampler injects its own noise"
+    ),
+    "random_draws": (
+        "draws random numbers in training mode (e.g. a random augmentation), so U is random and "
+        "the target is an average over those draws. Move augmentation into the tf.data pipeline "
+        "if the augmented examples are meant as data"
+    ),
+}
+
+
+def warn_about_stochastic_layers(model) -> None:
+    """Warns once per model about layers that make U random or batch-coupled (samplers with
+    per-example gradients refuse them instead, see `grads.check_per_example_compatible`)."""
+    if model._runtime.warned_about_layers or model.sampler.needs_per_example_gradients:
+        return
+    model._runtime.warned_about_layers = True
+    for layer, kind, setting in kt_per_example.stochastic_layers(model.net):
+        warnings.warn(
+            f"BayesianModel: layer {layer.name!r}, {setting}, {_TARGET_EFFECTS[kind]}.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def note_pipeline_noise(model) -> None:
+    """Logs once that a pipeline's own batch order is used (thermostats assume white noise)."""
+    if model._runtime.noted_pipeline or not getattr(model.sampler, "assumes_white_gradient_noise", False):
+        return
+    model._runtime.noted_pipeline = True
+    logging.getLogger("keras_thermo").warning(
+        "%s assumes independent minibatches (white gradient noise); this dataset's own batch "
+        "order is used. Epochs drawn without replacement make the noise of an epoch sum to "
+        "zero, which biases noise-absorbing thermostats and CCAdL/mCCAdL's covariance "
+        "correction: draw batches with replacement (keras_thermo.data.random_minibatches, or "
+        "fit on arrays, which does so by default).",
+        type(model.sampler).__name__,
+    )

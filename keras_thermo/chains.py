@@ -57,6 +57,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_thermo import random as kt_random
+from keras_thermo._validation import check_int
 
 #: How the C forward/backward passes are computed (`BayesianModel(chain_method=...)`).
 CHAIN_METHODS = ("auto", "vectorized", "loop")
@@ -153,6 +154,85 @@ def redrawn_initial_weights(net: keras.Model, variables: Sequence, seed: int) ->
     return values
 
 
+# --- the chains' weights on the model ----------------------------------------------------------
+
+
+class ChainWeights:
+    """The chains' weights on `BayesianModel` (a mixin): chain 0 in the net's trainable
+    variables, chains 1..C-1 in `_chain_variables`, one `[C - 1, *shape]` variable each."""
+
+    def _create_chain_variables(self) -> None:
+        """Chains 1..C-1 start from the net's initializers redrawn with their seeds."""
+        variables = self.trainable_variables
+        starts = [
+            redrawn_initial_weights(self.net, variables, self.chain_seeds[k])
+            for k in range(1, self.num_chains)
+        ]
+        self._chain_variables = [
+            keras.Variable(
+                np.stack([start[i] for start in starts]), dtype=variable.dtype, trainable=False,
+                autocast=False, name=f"chain_weights_{i}",
+            )
+            for i, variable in enumerate(variables)
+        ]
+
+    def _stacked_params(self) -> list[tf.Tensor]:
+        """Every chain's weights, one `[C, *shape]` tensor per trainable variable."""
+        variables = self.trainable_variables
+        if self.num_chains == 1:
+            return [tf.convert_to_tensor(v)[None] for v in variables]
+        return [
+            tf.concat([tf.convert_to_tensor(v)[None], tf.convert_to_tensor(c)], axis=0)
+            for v, c in zip(variables, self._chain_variables)
+        ]
+
+    def _check_chain(self, chain) -> int:
+        if not self._state_variables:
+            raise ValueError("The chains do not exist yet: build or fit the model first.")
+        chain = check_int("chain", chain, low=0)
+        if chain >= self.num_chains:
+            raise ValueError(f"`chain` must be in [0, {self.num_chains}), got {chain}.")
+        return chain
+
+    def chain_weights(self, chain: int) -> list[np.ndarray]:
+        """Chain `chain`'s current weights, one array per trainable variable (chain 0: the
+        net's own)."""
+        chain = self._check_chain(chain)
+        if chain == 0:
+            return [np.asarray(v.numpy()) for v in self.trainable_variables]
+        return [np.asarray(c[chain - 1].numpy()) for c in self._chain_variables]
+
+    def set_chain_weights(self, chain: int, weights) -> None:
+        """Sets chain `chain`'s weights (e.g. its start), one array per trainable variable in
+        `trainable_variables` order; chain 0's are the net's own."""
+        chain = self._check_chain(chain)
+        variables = self.trainable_variables
+        weights = list(weights)
+        if len(weights) != len(variables) or any(
+            tuple(np.shape(w)) != tuple(v.shape) for w, v in zip(weights, variables)
+        ):
+            raise ValueError(
+                f"`weights` must hold one array per trainable variable, shaped "
+                f"{[tuple(v.shape) for v in variables]}; got {[tuple(np.shape(w)) for w in weights]}."
+            )
+        for i, (variable, value) in enumerate(zip(variables, weights)):
+            if chain == 0:
+                variable.assign(value)
+            else:
+                self._chain_variables[i].assign(
+                    tf.tensor_scatter_nd_update(self._chain_variables[i], [[chain - 1]], np.asarray(value)[None])
+                )
+
+    @property
+    def chain_path(self) -> str:
+        """How the C forward/backward passes run: `"vectorized"` or `"loop"` (resolves "auto")."""
+        if self.chain_method != "auto":
+            return self.chain_method
+        # Measured by benchmarks/chains.py on CPU: the loop was the faster for every network and
+        # sampler there (one vectorized map of small layers costs more than C plain passes).
+        return "loop"
+
+
 # --- the progress bar ---------------------------------------------------------------------------
 
 
@@ -187,6 +267,7 @@ def with_chain_progbar(callbacks):
 __all__ = [
     "CHAIN_METHODS",
     "CHAIN_MINIBATCHES",
+    "ChainWeights",
     "MAX_LOGGED_CHAINS",
     "PER_CHAIN_LOGS",
     "ProgbarWithoutChainLogs",

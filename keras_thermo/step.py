@@ -1,0 +1,485 @@
+"""The sampling step of `BayesianModel`: one step of C >= 1 chains (DESIGN section 3).
+
+Per chain: the potential `U = N * L + R` of its minibatch, the force `F = -grad U` and, for the
+samplers that need them (CCAdL, mCCAdL), the per-example statistics from the same forward and
+backward pass; the replicas' shares summed; the sampler's update of each chain; the results
+assigned together, or none when a value is non-finite (then `fit` stops and raises
+`SamplerDivergedError`); then what the recording callbacks and the logs read. A one-chain model
+is C = 1 of the same code.
+
+`SamplingStep` holds these methods; `BayesianModel` inherits them, and holds the variables they
+read and write (weights, chain weights, sampler state, settings) and the per-session `_runtime`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from keras_thermo import chains as kt_chains
+from keras_thermo import equilibration as kt_equilibration
+from keras_thermo import per_example as kt_per_example
+from keras_thermo import samplers as kt_samplers
+from keras_thermo._distribute import CrossReplica, replica_local_variable
+
+
+class SamplerDivergedError(FloatingPointError):
+    """Raised by `fit` when a sampler step produced a non-finite value.
+
+    The weights and the sampler state are left at the last finite step; `step` is the number
+    of finite steps taken before it (None where not known).
+    """
+
+    def __init__(self, message: str, step: int | None = None):
+        super().__init__(message)
+        self.step = step
+
+
+class _Runtime:
+    """Per-session objects the train step uses but that are not part of the saved model.
+
+    Kept in a plain object so Keras does not track them as model weights: attaching a callback
+    must not change what a checkpoint holds.
+    """
+
+    def __init__(self):
+        self.recorders: list = []
+        self.temperature_recorders: list = []
+        self.temperature_checks: list = []  # the EquilibrationChecks of the current fit
+        self.default_check = None  # the check `temperature_check=True` adds, kept across fits
+        self.warned_about_layers = False
+        self.noted_pipeline = False
+        self.noted_per_example_fallback = False
+        # One copy per replica (they agree): written inside the step, read by the callbacks.
+        self.diverged_at = replica_local_variable(tf.constant(-1, tf.int64), name="diverged_at")
+        # The size of a batch that did not split over the chains (-1: none yet), see `fit`.
+        self.uneven_batch = replica_local_variable(tf.constant(-1, tf.int64), name="uneven_batch")
+        self.state_structure = None
+
+
+def configurational_temperature(params, force) -> tf.Tensor:
+    """`-theta . F / Nd` with the step's own force: averages T at equilibrium for any sampler
+    (integration by parts of `theta . grad U` against `exp(-U/T)`), unlike the kinetic temperature,
+    which a thermostat holds at T by construction. One step's value is noisy (minibatch force);
+    its running average is the check.
+
+    The terms cancel (the value crosses zero while they reach `|theta . F| / Nd`), so they are
+    summed in float64; each product is rounded to float32 first (an error of at most `2^-24`
+    of `sum |theta_i F_i|`, far below one step's minibatch noise), which halves the cost of
+    casting both factors (`python -m benchmarks.lab.step_pieces`)."""
+    total = tf.add_n([tf.reduce_sum(tf.cast(theta * tf.cast(f, theta.dtype), tf.float64)) for theta, f in zip(params, force)])
+    return tf.cast(-total / float(kt_samplers.base.num_scalars(params)), tf.float32)
+
+
+def all_finite(tensors) -> tf.Tensor:
+    """Whether every entry of every float tensor is finite (a boolean scalar).
+
+    `0 * t` is 0 for finite `t` and NaN for an infinite or NaN entry, so one sum per tensor,
+    cast to float64 (NaN stays NaN), answers it: the same answer as
+    `reduce_all(is_finite(t))` with arithmetic reductions, which on a CPU cost a fraction of
+    the boolean ones (`python -m benchmarks.lab.step_pieces`).
+
+    Example:
+        >>> bool(all_finite([tf.constant([1.0, -2.0]), tf.constant(3.0, tf.float64)]))
+        True
+        >>> bool(all_finite([tf.constant([1.0, float("inf")])]))
+        False
+    """
+    sums = [tf.cast(tf.reduce_sum(tensor * tf.zeros([], tensor.dtype)), tf.float64) for tensor in tensors]
+    return tf.math.is_finite(tf.add_n(sums))
+
+
+def _chain_mean(values: list) -> tf.Tensor:
+    """The mean of one value per chain (the value itself for one chain)."""
+    return values[0] if len(values) == 1 else tf.reduce_mean(tf.stack(values))
+
+
+class SamplingStep:
+    """`train_step` and what it calls, for `BayesianModel` (a mixin: the model's variables,
+    sampler and `_runtime` are the model's own)."""
+
+    def compute_potential(self, x, y, sample_weight=None, training=True):
+        """Returns `(U, L, y_pred)` for a batch: `U = N * L + R` (DESIGN section 3).
+
+        Under a `tf.distribute` strategy with r replicas this is the replica's share: Keras
+        divides the loss of each replica's slice by r, and the prior is divided by r here, so the
+        replicas' `U` (and their gradients) sum to the global batch's.
+        """
+        y_pred = self(x, training=training)
+        loss = self._compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
+        )
+        potential = tf.cast(self.likelihood_weight, loss.dtype) * loss
+        if self.prior is not None:
+            potential += self._prior_share(loss.dtype)
+        return potential, loss, y_pred
+
+    def _prior_share(self, dtype) -> tf.Tensor:
+        """The prior term R of U, divided by the replicas under a strategy (see compute_potential)."""
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        prior = tf.cast(self.prior(self.trainable_variables), dtype)
+        return prior / replicas if replicas > 1 else prior
+
+    def _shares_backward_pass(self, recording, cross) -> bool:
+        """Whether the force's loss term comes from the engine's backward pass (the sum of the
+        rows of G), leaving the train step's own tape only the prior and the layers' losses.
+        Needs Keras' own `compute_loss` (compiled loss plus `self.losses`, nothing else) on one
+        replica."""
+        return (
+            recording is not None
+            and cross.num_replicas == 1
+            and getattr(self, "_compile_loss", None) is not None
+            and type(self).compute_loss is keras.Model.compute_loss
+        )
+
+    def _force_and_statistics(self, x, y, sample_weight, cross, recording, wrt=None):
+        """`(F, U, L, y_pred, per-example statistics or None)` of one batch (this replica's
+        share of F and U), differentiated with respect to `wrt`: the tensors a
+        `keras.StatelessScope` maps the trainable variables to (None: the variables).
+
+        With the engine (`recording`), one backward pass gives both the per-example statistics
+        and the gradient of the compiled loss: `grad (N L_data) = (N / n) sum_i g_i`, the rows
+        of G summed; the train step's tape then differentiates only `N * sum(self.losses) + R`,
+        which involves the network only through activity regularizers. Otherwise the tape
+        differentiates U itself and the statistics, if needed, come after.
+        """
+        variables = self.trainable_variables if wrt is None else list(wrt)
+        shared = self._shares_backward_pass(recording, cross)
+        with tf.GradientTape() as tape:
+            if wrt is not None:
+                tape.watch(variables)
+            with recording if recording is not None else contextlib.nullcontext():
+                potential, loss, y_pred = self.compute_potential(x, y, sample_weight)
+            if shared:  # U less its data term: N times the layers' own losses (summed as Keras does), and R
+                terms = [tf.cast(self.likelihood_weight, loss.dtype) * tf.reduce_sum(tf.cast(extra, loss.dtype))
+                         for extra in self.losses]
+                if self.prior is not None:
+                    terms.append(self._prior_share(loss.dtype))
+                rest = tf.add_n(terms) if terms else None
+        per_example = None
+        if shared:
+            per_example, sums = recording.statistics_and_gradients(
+                self.loss, y, y_pred, sample_weight, cross_replica=cross, loss_scale=self._example_loss_scale
+            )
+            count = tf.cast(tf.shape(tf.nest.flatten(y_pred)[0])[0], tf.float32)
+            data_scale = tf.cast(self.likelihood_weight, tf.float32) / count
+            rest_gradients = tape.gradient(rest, variables) if rest is not None else [None] * len(variables)
+            gradients = [
+                data_scale * tf.cast(g, tf.float32) + (tf.cast(r, tf.float32) if r is not None else 0.0)
+                for g, r in zip(sums, rest_gradients)
+            ]
+            gradients = [tf.cast(g, v.dtype) for g, v in zip(gradients, variables)]
+        else:
+            gradients = tape.gradient(potential, variables)
+            if self.sampler.needs_per_example_gradients:
+                per_example = self._per_example_gradients(x, y, sample_weight, cross, recording, y_pred, wrt)
+        force = [
+            -tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v)
+            for g, v in zip(gradients, variables)
+        ]
+        return force, potential, loss, y_pred, per_example
+
+    def train_step(self, data):
+        """One sampling step of every chain; a one-chain model is C = 1 of the same code.
+
+        Per chain: the force of its minibatch and, for CCAdL and mCCAdL, the per-example
+        statistics from the same forward and backward pass (`_chain_passes`), summed over
+        replicas; then the sampler's update of each chain. All chains' results are assigned
+        together, or none when a value is non-finite or the batch did not split over the chains
+        (`_assign_if_finite`), and recorded for the callbacks.
+        """
+        data = keras.utils.unpack_x_y_sample_weight(data)
+        chains = range(self.num_chains)
+        cross = CrossReplica()
+        batches, uneven = self._chain_batches(data)
+        params = self._chain_params()
+        passes = self._chain_passes(batches, params, cross)
+        force, potential, loss, y_pred, per_example = (list(column) for column in zip(*passes))
+        local_batch_size = tf.shape(tf.nest.flatten(batches[0][0])[0])[0]  # one chain's
+        self._loss_tracker.update_state(_chain_mean(loss) * cross.num_replicas, sample_weight=local_batch_size)
+        potential = [tf.cast(u, tf.float32) for u in potential]
+        force, potential, batch_size = cross.sum((force, potential, tf.cast(local_batch_size, tf.float32)))
+        # Every update is computed from these, so a batch the replicas cannot split moves nothing.
+        force, potential, batch_size = cross.check_even_split(batch_size, (force, potential, batch_size))
+
+        state = self.sampler_state()
+        temperature = self._step_temperature(state.step, cross)
+        results = []
+        for k in chains:
+            context = kt_samplers.StepContext(
+                temperature=temperature,
+                num_examples=self.likelihood_weight,
+                batch_size=batch_size,
+                potential=potential[k],
+                seed=self.chain_seeds[k],
+                per_example_gradients=per_example[k],
+            )
+            results.append(self.sampler.update(self._chain_state(state, k), params[k], force[k], context))
+        new_params, chain_states, diagnostics = (list(column) for column in zip(*results))
+        new_state = self._stacked_state(chain_states)
+
+        # Chain 0 in the net's variables, chains 1..C-1 in the chain variables.
+        variables = self.trainable_variables
+        new_leaves = tf.nest.flatten(new_state)
+        targets = list(variables) + list(self._chain_variables) + list(self._state_variables)
+        values = list(new_params[0]) + [
+            tf.stack([new_params[k][i] for k in chains][1:]) for i in range(len(self._chain_variables))
+        ] + new_leaves
+        checked = [p for chain in new_params for p in chain] + [t for t in new_leaves if t.dtype.is_floating]
+        ok = self._assign_if_finite(targets, values, checked + potential, state.step, cross, uneven)
+        if self._prior_state_variables:
+            self._update_prior_state(new_state.step, self.sampler.parameter_temperature(chain_states[0], temperature), cross)
+        if self._runtime.recorders:
+            completed = tf.cast(new_state.step, tf.int64)
+            is_sample = tf.stack([self.sampler.is_sample(s) for s in chain_states])  # [C], each chain's own
+            is_sample = tf.logical_and(tf.logical_and(ok, is_sample), cross.is_first_local_replica())
+            recorded = self._stacked_params() if self.num_chains > 1 else variables  # read after the assignment
+            for recorder in self._runtime.recorders:
+                recorder.maybe_record(completed, is_sample, recorded)
+        whole_net_configurational = None
+        if self._runtime.temperature_recorders:
+            per_chain = [
+                self._variable_temperatures(self._chain_state(state, k), chain_states[k], params[k], new_params[k], force[k])
+                for k in chains
+            ]
+            weight, kinetic, configurational = (tf.stack(column) for column in zip(*per_chain))
+            for recorder in self._runtime.temperature_recorders:
+                recorder.record(weight, tf.unstack(kinetic, axis=1), tf.unstack(configurational, axis=1))
+            # The logged whole-net value from the same sums (no second pass over the weights).
+            sizes = tf.constant([float(np.prod(p.shape)) for p in params[0]], tf.float64)
+            whole_net_configurational = [
+                tf.cast(tf.reduce_sum(configurational[k] * sizes) / tf.reduce_sum(sizes), tf.float32) for k in chains
+            ]
+
+        for k in chains:
+            x, y, sample_weight = batches[k]
+            logs = self.compute_metrics(x, y, y_pred[k], sample_weight=sample_weight)  # chain means
+        logs = dict(logs)
+        logs["potential"] = _chain_mean(potential)
+        if self.temperature_schedule is not None:
+            logs["temperature"] = temperature
+        per_chain_logs = {"configurational_temperature": whole_net_configurational or [
+            configurational_temperature(p, f) for p, f in zip(params, force)
+        ]}
+        for name in diagnostics[0]:
+            per_chain_logs[name] = [d[name] for d in diagnostics]
+        for name, values in per_chain_logs.items():
+            logs[name] = _chain_mean(values)
+            if 1 < self.num_chains <= kt_chains.MAX_LOGGED_CHAINS and name in kt_chains.PER_CHAIN_LOGS:
+                logs.update({kt_chains.chain_log_name(name, k): values[k] for k in chains})
+        return cross.per_worker_logs(logs)  # Keras' multi-worker reduction needs vectors
+
+    def _chain_params(self) -> list[list[tf.Tensor]]:
+        """Every chain's weights as tensors, one list per chain (chain 0: the net's own)."""
+        own = [tf.convert_to_tensor(v) for v in self.trainable_variables]
+        others = [tf.convert_to_tensor(c) for c in self._chain_variables]
+        return [own] + [[c[k - 1] for c in others] for k in range(1, self.num_chains)]
+
+    def _chain_state(self, state, chain: int):
+        """Chain `chain`'s sampler state out of the stored state (one chain's is the state)."""
+        if self.num_chains == 1:
+            return state
+        leaves = tf.nest.flatten(state)
+        return tf.nest.pack_sequence_as(state, [leaves[0]] + [leaf[chain] for leaf in leaves[1:]])
+
+    def _stacked_state(self, chain_states):
+        """The sampler state of every chain in the stored layout: chain 0's own for one chain;
+        for several, the shared step counter and every other leaf stacked on a chain axis."""
+        if self.num_chains == 1:
+            return chain_states[0]
+        leaves = [tf.nest.flatten(s) for s in chain_states]
+        stacked = [leaves[0][0]] + [tf.stack(column) for column in list(zip(*leaves))[1:]]
+        return tf.nest.pack_sequence_as(chain_states[0], stacked)
+
+    def _chain_batches(self, data):
+        """`([(x, y, sample_weight)] per chain, uneven)`: the whole batch for every chain
+        (`"shared"`), or C equal parts of it, one per chain (`"split"`). `uneven` is the batch's
+        size when C does not divide it, else -1; the step then applies nothing and `fit` raises
+        (a batch size known before the first step is checked there, `_fit_checks.check_chain_batch_size`)."""
+        if self.num_chains == 1 or self.chain_minibatches == "shared":
+            return [data] * self.num_chains, tf.constant(-1, tf.int64)
+        chains = self.num_chains
+        size = tf.shape(tf.nest.flatten(data[0])[0])[0]
+        part = size // chains
+
+        def piece(k):
+            return tuple(
+                None if item is None else tf.nest.map_structure(lambda t: t[k * part:(k + 1) * part], item)
+                for item in data
+            )
+
+        uneven = tf.where(tf.equal(size % chains, 0), tf.constant(-1, tf.int64), tf.cast(size, tf.int64))
+        return [piece(k) for k in range(chains)], uneven
+
+    def _chain_passes(self, batches, params, cross):
+        """`(F, U, L, y_pred, per-example statistics or None)` of every chain on its batch
+        (this replica's share of F and U).
+
+        One chain runs on the net's own variables. With several, each chain's pass runs the net
+        under a `keras.StatelessScope` that maps its trainable variables to that chain's values
+        (a loop of C passes, with the per-example engine recording each; or, for samplers
+        without per-example statistics, `chain_method="vectorized"`'s one `tf.vectorized_map`);
+        what a pass writes to non-trainable variables (moving statistics, seed generators) is
+        kept from chain 0.
+        """
+        if self.num_chains == 1:
+            return [self._force_and_statistics(*batches[0], cross, self._recording(None))]
+        if self.chain_path == "vectorized":
+            return self._vectorized_chain_passes(batches, params)
+        variables = self.trainable_variables
+        non_trainable = self.net.non_trainable_variables
+        passes, updated = [], None
+        for k, (batch, chain_params) in enumerate(zip(batches, params)):
+            with keras.StatelessScope(state_mapping=list(zip(variables, chain_params))) as scope:
+                passes.append(self._force_and_statistics(*batch, cross, self._recording(chain_params), wrt=chain_params))
+                if k == 0:
+                    updated = [scope.get_current_value(v) for v in non_trainable]
+        for variable, value in zip(non_trainable, updated):
+            if value is not None:
+                variable.assign(value)
+        return passes
+
+    def _recording(self, wrt):
+        """The per-example engine's recording of the next forward pass, for samplers that need
+        per-example statistics on a net every layer of which has a rule (else None); `wrt`
+        are the tensors standing for the trainable variables (None: the variables)."""
+        if not self.sampler.needs_per_example_gradients or self.per_example_path not in ("layers", "dense_layers"):
+            return None
+        return kt_per_example.Recording(self.net, self.trainable_variables if wrt is None else wrt)
+
+    def _vectorized_chain_passes(self, batches, params):
+        """`_chain_passes` as one `tf.vectorized_map` over the chain axis (no per-example
+        statistics: CCAdL and mCCAdL refuse `chain_method="vectorized"`)."""
+        variables = self.trainable_variables
+
+        def one_chain(chain_params, batch):
+            x, y, sample_weight = batch
+            chain_params = list(chain_params)
+            with tf.GradientTape() as tape:
+                tape.watch(chain_params)
+                with keras.StatelessScope(state_mapping=list(zip(variables, chain_params))):
+                    potential, loss, y_pred = self.compute_potential(x, y, sample_weight)
+            gradients = tape.gradient(potential, chain_params)
+            force = [-tf.convert_to_tensor(g) if g is not None else tf.zeros_like(p) for g, p in zip(gradients, chain_params)]
+            return force, tf.cast(potential, tf.float32), loss, y_pred
+
+        stacked_params = [tf.stack(column) for column in zip(*params)]
+        if self.chain_minibatches == "shared":
+            stacked = tf.vectorized_map(lambda p: one_chain(p, batches[0]), stacked_params)
+        else:
+            present = [i for i, item in enumerate(batches[0]) if item is not None]  # y, weights may be None
+            stacked_batches = [
+                tf.nest.map_structure(lambda *parts: tf.stack(parts), *[batch[i] for batch in batches]) for i in present
+            ]
+
+            def chain_with_batch(args):
+                chain_params, items = args
+                batch = [None] * len(batches[0])
+                for i, item in zip(present, items):
+                    batch[i] = item
+                return one_chain(chain_params, tuple(batch))
+
+            stacked = tf.vectorized_map(chain_with_batch, (stacked_params, stacked_batches))
+        return [
+            tuple(tf.nest.map_structure(lambda t: t[k], part) for part in stacked) + (None,)
+            for k in range(self.num_chains)
+        ]
+
+    @property
+    def per_example_path(self) -> str:
+        """The per-example method in use: `"layers"`, `"vectorized"` or `"dense_layers"`
+        (resolves "auto")."""
+        if self.per_example_method != "auto":
+            return self.per_example_method
+        if kt_per_example.incompatibility(self.net) is None:
+            return "layers"
+        return "vectorized"
+
+    def _per_example_gradients(self, x, y, sample_weight, cross, recording=None, y_pred=None, wrt=None):
+        scale = self._example_loss_scale  # `loss_weights`: the rows are gradients of the batch loss
+        if recording is not None:  # "layers" or "dense_layers": the engine on the recorded pass
+            return recording.statistics(
+                self.loss, y, y_pred, sample_weight, cross_replica=cross, loss_scale=scale
+            )
+        rows = kt_per_example.per_example_gradients(
+            self.net, self.loss, x, y, sample_weight, loss_scale=scale, wrt=wrt
+        )
+        return kt_per_example.PerExampleGradients(tf.cast(rows, tf.float32), cross)
+
+    def _step_temperature(self, step, cross) -> tf.Tensor:
+        """T of the step that starts at `step` (float32 scalar): the schedule's value, also
+        written to the temperature variable (checkpoints and callbacks see it), or the variable."""
+        if self.temperature_schedule is None:
+            return tf.convert_to_tensor(self._temperature_variable)
+        temperature = tf.cast(self.temperature_schedule(step), tf.float32)
+        cross.assign([self._temperature_variable], [temperature])
+        return temperature
+
+    def _update_prior_state(self, completed_step, temperature, cross) -> None:
+        """The prior's own move after a sampler step (a Gibbs draw of hyperparameters), from the
+        weights that step produced; nothing moves when the step was not applied."""
+        current = [tf.convert_to_tensor(v) for v in self._prior_state_variables]
+        params = [tf.convert_to_tensor(v) for v in self.trainable_variables]
+        updated = self.prior.update_state(
+            current, params, step=completed_step, seed=self.seed, temperature=temperature
+        )
+        applied = self._runtime.diverged_at < 0
+        cross.assign(self._prior_state_variables, [tf.where(applied, new, old) for new, old in zip(updated, current)])
+
+    def _assign_if_finite(self, targets, values, checked, step, cross, uneven) -> tf.Tensor:
+        """Assigns `values` to `targets` unless any of `checked` is non-finite or the batch did
+        not split over the chains (`uneven` its size, else -1); then nothing moves, and
+        `diverged_at` keeps `step` (or `uneven_batch` the batch size). Returns whether they were
+        assigned."""
+        runtime = self._runtime
+        finite = all_finite(checked)
+        even = uneven < 0
+        healthy = tf.logical_and(runtime.diverged_at < 0, runtime.uneven_batch < 0)
+        ok = tf.logical_and(tf.logical_and(finite, even), healthy)
+        cross.assign(targets, [tf.where(ok, value, target) for target, value in zip(targets, values)])
+        runtime.diverged_at.assign(
+            tf.where(tf.logical_and(tf.logical_not(finite), healthy), tf.cast(step, tf.int64), runtime.diverged_at)
+        )
+        runtime.uneven_batch.assign(
+            tf.where(tf.logical_and(tf.logical_not(even), healthy), uneven, runtime.uneven_batch)
+        )
+        return ok
+
+    def _variable_temperatures(self, state, new_state, params, new_params, force):
+        """`(weight, kinetic [V], configurational [V])` of a completed step: per-variable
+        temperatures for the `EquilibrationCheck` callbacks; steps that did not apply, or where
+        the sampler is not at T (TACT-HMC off its plateau), weigh 0."""
+        kinetic = self.sampler.variable_kinetic_temperatures(new_state, params, new_params)
+        configurational = kt_equilibration.variable_configurational_temperatures(params, force)
+        applied = self._runtime.diverged_at < 0
+        weight = tf.logical_and(applied, self.sampler.at_target_temperature(state))
+        return (
+            tf.cast(weight, tf.float64),
+            tf.cast(tf.stack(kinetic), tf.float64),
+            tf.cast(tf.stack(configurational), tf.float64),
+        )
+
+    def _raise_if_diverged(self) -> None:
+        uneven = int(self._runtime.uneven_batch.numpy())
+        if uneven >= 0:
+            raise ValueError(
+                f"BayesianModel(num_chains={self.num_chains}, chain_minibatches='split') cuts every "
+                f"batch into {self.num_chains} equal parts, one per chain, but a batch of {uneven} "
+                f"examples came; that step and every later one was not applied. Fit on arrays (each "
+                f"chain then draws `batch_size` examples of its own), or batch the pipeline in "
+                f"multiples of num_chains={self.num_chains} with drop_remainder=True, or use "
+                "chain_minibatches='shared'."
+            )
+        step = int(self._runtime.diverged_at.numpy())
+        if step >= 0:
+            raise SamplerDivergedError(
+                f"Sampler {type(self.sampler).__name__} produced a non-finite value at step {step} "
+                f"(force, momentum, thermostat or weights); the model holds the last finite state, "
+                f"reached after {step} steps. Likely cause: the step size "
+                f"{self.sampler.step_size!r} is too large for the gradient-noise level; reduce "
+                "step_size or increase friction.",
+                step=step,
+            )
