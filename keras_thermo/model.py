@@ -1181,6 +1181,8 @@ class BayesianModel(keras.Model):
         if self.num_examples is None:
             self.num_examples = _fit_checks.resolve_num_examples(rows)
         _fit_checks.check_num_examples(self.num_examples, rows, split)
+        _fit_checks.warn_about_mse_likelihood(self)
+        _fit_checks.warn_about_target_scale(self, arguments.get("y"))
         self._check_per_example_method()
         self._warn_about_stochastic_layers()
         check_even_batches(
