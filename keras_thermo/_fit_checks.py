@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
+import weakref
 from typing import Any
 
 import keras
@@ -14,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_thermo import dense_gradients as kt_dense_gradients
+from keras_thermo import losses as kt_losses
 from keras_thermo import per_example as kt_per_example
 from keras_thermo._outputs import check_outputs_match_loss
 from keras_thermo._validation import check_positive
@@ -284,4 +286,79 @@ def note_pipeline_noise(model) -> None:
         "correction: draw batches with replacement (keras_thermo.data.random_minibatches, or "
         "fit on arrays, which does so by default).",
         type(model.sampler).__name__,
+# Models already told about their loss or their targets' scale: each warning comes once a model.
+_WARNED_ABOUT_MSE: weakref.WeakSet = weakref.WeakSet()
+_WARNED_ABOUT_TARGET_SCALE: weakref.WeakSet = weakref.WeakSet()
+_MSE_NAMES = ("mse", "mean_squared_error", "MSE")
+# Beyond these the targets are "far from unit scale": priors such as Gaussian(1.0), the step
+# sizes and GaussianNLL's min_scale all assume targets of order one.
+_TARGET_SCALE_FACTOR = 10.0
+
+
+def _is_mse(loss) -> bool:
+    return (
+        (isinstance(loss, str) and loss in _MSE_NAMES)
+        or isinstance(loss, keras.losses.MeanSquaredError)
+        or loss is keras.losses.mean_squared_error
+    )
+
+
+def _is_regression_loss(loss) -> bool:
+    regression_losses = (
+        keras.losses.MeanSquaredError, keras.losses.MeanAbsoluteError, keras.losses.Huber,
+        keras.losses.LogCosh, kt_losses.GaussianNLL, kt_losses.StudentTNLL,
+    )
+    if isinstance(loss, str):
+        return loss in _MSE_NAMES or loss in ("mae", "mean_absolute_error", "huber", "log_cosh")
+    return _is_mse(loss) or isinstance(loss, regression_losses)
+
+
+def warn_about_mse_likelihood(model) -> None:
+    """Warns once a model that `loss="mse"` is a Gaussian likelihood of noise variance 1/2."""
+    if not _is_mse(getattr(model, "loss", None)) or model in _WARNED_ABOUT_MSE:
+        return
+    _WARNED_ABOUT_MSE.add(model)
+    warnings.warn(
+        "BayesianModel.fit: loss='mse' makes the potential N * mean((y - f)^2), the negative log "
+        "likelihood of Gaussian noise with variance 1/2 (standard deviation 0.707, in y's units, "
+        "for one target) whatever the data's real noise: the posterior's width follows that "
+        "assumed noise. Compile with keras_thermo.losses.GaussianNLL(scale=s) for a known noise "
+        "standard deviation s, or keras_thermo.losses.GaussianNLL() to learn it (the net then "
+        "emits a mean and a raw scale per target).",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
+def warn_about_target_scale(model, y) -> None:
+    """Warns once a model with a regression loss when the targets `y` (an array `fit` can see)
+    are far from unit scale, saying how to standardise them and map predictions back."""
+    if model in _WARNED_ABOUT_TARGET_SCALE or not _is_regression_loss(getattr(model, "loss", None)):
+        return
+    if not (isinstance(y, np.ndarray) or tf.is_tensor(y)):
+        return
+    targets = np.asarray(y)
+    if targets.ndim == 0 or targets.shape[0] < 2 or not np.issubdtype(targets.dtype, np.number):
+        return
+    targets = targets.reshape(targets.shape[0], -1).astype(np.float64)
+    if not np.all(np.isfinite(targets)):
+        return
+    means, stds = targets.mean(axis=0), targets.std(axis=0)
+    large = np.abs(means) > _TARGET_SCALE_FACTOR
+    off_scale = (stds > _TARGET_SCALE_FACTOR) | ((stds > 0) & (stds < 1.0 / _TARGET_SCALE_FACTOR))
+    if not np.any(large | off_scale):
+        return
+    _WARNED_ABOUT_TARGET_SCALE.add(model)
+    warnings.warn(
+        f"BayesianModel.fit: the targets y have mean {np.round(means, 4).tolist()} and standard "
+        f"deviation {np.round(stds, 4).tolist()} (per target), far from unit scale: the prior, "
+        "the step size and the noise scale's floor assume targets of order one, and the sampler "
+        "runs hot or stiff on these. Standardise them: scaler = "
+        "keras_thermo.regression.TargetScaler().fit(y_train), fit on scaler.transform(y_train), "
+        "then pass scaler=scaler to keras_thermo.regression.predict_posterior, evaluate_posterior "
+        "or callbacks.PosteriorAverage to get predictions, intervals and metrics on y's own scale "
+        "(by hand: scaler.inverse_transform(mean or interval bounds), "
+        "scaler.inverse_transform_std(std)).",
+        UserWarning,
+        stacklevel=4,
     )

@@ -48,6 +48,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_thermo import grads as kt_grads
+from keras_thermo import losses as kt_losses
 from keras_thermo import metrics as kt_metrics
 from keras_thermo._outputs import activation_hint, loss_hint
 from keras_thermo._validation import check_bool, check_choice, check_int
@@ -66,6 +67,15 @@ LOG_NAMES = {
     "brier": "brier",
     "num_samples": "num_samples",
 }
+# The same for a regression net; coverage levels and `crps` keep their `result()` names.
+REGRESSION_LOG_NAMES = {"rmse": "posterior_rmse", "nll": "posterior_nll"}
+
+
+def _regression():
+    """`keras_thermo.regression`, imported when first needed: it builds on this module."""
+    from keras_thermo import regression  # noqa: PLC0415
+
+    return regression
 
 
 # --------------------------------------------------------------------------------------------
@@ -90,11 +100,13 @@ class _EvaluationData:
 
     Accepts a tuple `(x, y)` of arrays, an array `x`, a `tf.data.Dataset` yielding `(x, y)`,
     `(x, y, sample_weight)` or `x` batches, or an object with a `.dataset` attribute holding
-    such a dataset (e.g. `keras_thermo.data.ClassificationData`).
+    such a dataset (e.g. `keras_thermo.data.ClassificationData`). `y` is read by `read_y`:
+    class labels by default; `np.asarray` keeps it as given (targets, or labels checked later).
     """
 
-    def __init__(self, data: Any, batch_size: int, name: str = "data"):
+    def __init__(self, data: Any, batch_size: int, name: str = "data", read_y: Any = None):
         self.batch_size = check_int("batch_size", batch_size, low=1)
+        self.read_y = _as_labels if read_y is None else read_y
         if hasattr(data, "dataset") and isinstance(data.dataset, tf.data.Dataset):
             data = data.dataset
         self.dataset: tf.data.Dataset | None = None
@@ -114,7 +126,7 @@ class _EvaluationData:
                     f"`{name}` as a tuple must be (x,) or (x, y), got {len(data)} elements."
                 )
             self.x = data[0]
-            self.y = None if len(data) == 1 or data[1] is None else _as_labels(data[1])
+            self.y = None if len(data) == 1 or data[1] is None else self.read_y(data[1])
         else:
             self.x = data
         leaves = tf.nest.flatten(self.x)
@@ -135,7 +147,7 @@ class _EvaluationData:
                 x, y, _ = keras.utils.unpack_x_y_sample_weight(
                     tuple(element) if isinstance(element, list) else element
                 )
-                yield x, None if y is None else _as_labels(np.asarray(y))
+                yield x, None if y is None else self.read_y(np.asarray(y))
             return
         for start in range(0, self.num_examples, self.batch_size):
             end = min(start + self.batch_size, self.num_examples)
@@ -303,15 +315,27 @@ class PosteriorAverage(RecordingCallback):
     Works with `keras_thermo.BayesianModel`, whose `fit` wires the recording into the compiled
     train step. Samples accumulate across successive `fit` calls; `reset()` starts over.
 
+    A regression net (compiled with `keras_thermo.losses.GaussianNLL`) is recognised from its
+    loss when `fit` starts: each sample's Gaussians `N(mu_s, sigma_s^2)` join the predictive
+    mixture (`keras_thermo.regression`), and the logs get `posterior_rmse` (of the predictive
+    mean), `posterior_nll` (the mixture's negative log density per example, as
+    `keras_thermo.regression.evaluate_posterior`'s `nll`), `coverage_90` (and one per entry
+    of `levels`: the fraction of targets inside the mixture's central interval), `crps` and
+    `num_samples`, streamed as `keras_thermo.regression.RegressionAverager` streams them: exact
+    in `O(n D)` memory, except the CRPS's pair term, exact up to `max_crps_samples` samples and
+    then taken from an evenly thinned store of that many. `result()` uses the names `rmse`,
+    `nll`, `coverage_<level>`, `crps`.
+
     Several chains (`BayesianModel(num_chains=C)`): every recorded step gives one sample of
     each chain that yields one there (every chain, except with TACT-HMC, whose chains yield
     samples on their own plateau steps), all pooled into the average (`num_samples` counts
     them all); `chain_results()` gives each chain's own metrics besides.
 
     Args:
-        data: Held-out examples with labels: `(x, y)` arrays, a finite `tf.data.Dataset` of
-            `(x, y)` batches that yields the same examples in the same order on every pass
-            (no shuffling), or a `keras_thermo.data.ClassificationData`.
+        data: Held-out examples with labels (class indices; regression targets `[n]` or
+            `[n, D]`): `(x, y)` arrays, a finite `tf.data.Dataset` of `(x, y)` batches that
+            yields the same examples in the same order on every pass (no shuffling), or a
+            `keras_thermo.data.ClassificationData`.
         burn_in_steps: Sampler steps to skip before averaging.
         every_n_steps: Evaluate every n-th step after burn-in (thinning).
         weighting: `"uniform"`, or `"step_size"` to weight each sample by the step size of the
@@ -322,14 +346,26 @@ class PosteriorAverage(RecordingCallback):
             model's compiled loss and last activation, refusing when they disagree or say
             nothing (see the module docstring).
         batch_size: Batch size for evaluating array `data`.
-        num_bins: Confidence bins of the ECE.
+        num_bins: Confidence bins of the ECE (classification).
+        levels: Regression only: probabilities of the central intervals whose coverage is
+            reported (default 0.9: `coverage_90`).
+        crps: Regression only: whether to report the CRPS.
+        max_crps_samples: Regression only: most samples stored for the CRPS's pair term
+            (memory `2 max_crps_samples n D` float64), or None for all of them.
+        scaler: Regression only: a fitted `keras_thermo.regression.TargetScaler` the net's
+            targets were standardized with; `data`'s targets are then on their own scale, and
+            so are the metrics.
 
     Attributes:
-        predictions: `[n, K]` averaged predictive probabilities (float64).
+        predictions: `[n, K]` averaged predictive probabilities (float64); for a regression
+            net, the `[n, D]` predictive mean.
         predictive_entropy: `[n]` entropy of `predictions` (total uncertainty).
         expected_entropy: `[n]` weighted mean of the samples' own entropies (aleatoric part).
         mutual_information: `[n]` their difference, >= 0 (epistemic part).
         num_samples: Samples averaged so far.
+
+    The entropies and the mutual information are classification metrics; a regression net's
+    uncertainty comes from `keras_thermo.regression.predict_posterior` on stored samples.
 
     Example:
         >>> import keras, numpy as np, keras_thermo as kt
@@ -361,21 +397,41 @@ class PosteriorAverage(RecordingCallback):
         outputs: str | None = None,
         batch_size: int = 256,
         num_bins: int = 15,
+        levels: Any = (0.9,),
+        crps: bool = True,
+        max_crps_samples: int | None = 100,
+        scaler: Any = None,
     ):
         super().__init__(burn_in_steps, every_n_steps)
-        self.data = _EvaluationData(data, batch_size)
+        # Labels or regression targets, read as one or the other once the model is known.
+        self.data = _EvaluationData(data, batch_size, read_y=np.asarray)
         if self.data.dataset is None and self.data.y is None:
             raise ValueError(
-                "`data` must include labels, (x, y) or a dataset of (x, y) batches, to measure "
-                "accuracy and log loss; got inputs only."
+                "`data` must include labels (or regression targets), (x, y) or a dataset of "
+                "(x, y) batches, to score the predictions; got inputs only."
             )
         self.weighting = check_choice("weighting", weighting, WEIGHTINGS)
         self.outputs = None if outputs is None else check_choice("outputs", outputs, OUTPUTS)
         self.num_bins = check_int("num_bins", num_bins, low=1)
+        regression = _regression()
+        self.levels = regression._check_levels(levels)
+        self.crps = check_bool("crps", crps)
+        self.max_crps_samples = (
+            None if max_crps_samples is None else check_int("max_crps_samples", max_crps_samples, low=2)
+        )
+        if scaler is not None and not isinstance(scaler, regression.TargetScaler):
+            raise TypeError(f"`scaler` must be a keras_thermo.regression.TargetScaler, got {type(scaler).__name__}.")
+        self.scaler = scaler
         self._predictor: _SamplePredictor | None = None
-        self._averager: kt_metrics.PredictiveAverager | None = None
-        self._chain_averagers: list[kt_metrics.PredictiveAverager] = []
+        self._likelihood = None  # the regression net's GaussianNLL; None for a classifier
+        self._averager = None
+        self._chain_averagers: list = []
         self._labels: np.ndarray | None = None
+
+    @property
+    def is_regression(self) -> bool:
+        """True once attached to a net compiled with a regression likelihood."""
+        return self._likelihood is not None
 
     def reset(self) -> None:
         """Forgets every sample averaged so far."""
@@ -384,13 +440,30 @@ class PosteriorAverage(RecordingCallback):
 
     def attach(self, model) -> ParameterRecorder:
         recorder = super().attach(model)
-        if self._predictor is None or self._predictor.model is not model:
+        loss = getattr(model, "loss", None)
+        regression = isinstance(loss, (kt_losses.GaussianNLL, kt_losses.StudentTNLL))
+        if self._predictor is None or self._predictor.model is not model or regression != self.is_regression:
             if self._averager is not None and self._predictor is not None:
                 raise ValueError(
-                    "This PosteriorAverage already holds samples of another model; call "
-                    "`reset()` or create a new one."
+                    "This PosteriorAverage already holds samples of another model (or of this "
+                    "model under another loss); call `reset()` or create a new one."
                 )
-            self._predictor = _SamplePredictor(model, self.outputs)
+            if regression:
+                if self.outputs is not None:
+                    raise ValueError(
+                        f"`outputs={self.outputs!r}` is for classifiers, but `model` {model.name!r} "
+                        f"is compiled with {type(loss).__name__}, a regression likelihood: leave it None."
+                    )
+                self._likelihood = _regression()._likelihood(model, None)  # refuses StudentTNLL
+                self._predictor = _regression()._predictor(model)
+            else:
+                if self.scaler is not None:
+                    raise ValueError(
+                        "`scaler` is for regression nets compiled with keras_thermo.losses.GaussianNLL, "
+                        f"but `model` {model.name!r} is compiled with {loss!r}."
+                    )
+                self._likelihood = None
+                self._predictor = _SamplePredictor(model, self.outputs)
         if self.weighting == "step_size" and not hasattr(getattr(model, "sampler", None), "step_size_at"):
             raise ValueError(
                 "`weighting='step_size'` needs a model with a sampler (a BayesianModel), got "
@@ -412,12 +485,18 @@ class PosteriorAverage(RecordingCallback):
                 if masks is None or masks[index][chain]:  # only the chains that yielded a sample
                     self._add(vector, step, chain if row.ndim == 2 else None)
 
+    def _new_averager(self):
+        if self.is_regression:
+            return _regression().RegressionAverager(self._labels, self.levels, self.crps, self.max_crps_samples)
+        return kt_metrics.PredictiveAverager(self._labels, self.num_bins)
+
     def _add(self, vector: np.ndarray, step, chain: int | None) -> None:
         """Adds one sample (of chain `chain`, None for a one-chain model) to the averages."""
         outputs, labels = self._predictor.predict(vector, self.data)
         if labels is None:
             raise ValueError("`data` yielded batches without labels; PosteriorAverage needs (x, y).")
-        if self._labels is None:
+        labels = _regression()._targets(labels, "data's y") if self.is_regression else _as_labels(labels)
+        if self._labels is None or self._averager is None:
             self._labels = labels
         elif labels.shape != self._labels.shape or np.any(labels != self._labels):
             raise ValueError(
@@ -425,19 +504,31 @@ class PosteriorAverage(RecordingCallback):
                 "the same examples in the same order every pass (do not shuffle it)."
             )
         if self._averager is None:
-            self._averager = kt_metrics.PredictiveAverager(self._labels, self.num_bins)
+            self._averager = self._new_averager()
         weight = self._sample_weight(step)
-        _update(self._averager, outputs, self._predictor.outputs, weight)
+        averagers = [self._averager]
         if chain is not None:
             while len(self._chain_averagers) <= chain:
-                self._chain_averagers.append(kt_metrics.PredictiveAverager(self._labels, self.num_bins))
-            _update(self._chain_averagers[chain], outputs, self._predictor.outputs, weight)
+                self._chain_averagers.append(self._new_averager())
+            averagers.append(self._chain_averagers[chain])
+        if self.is_regression:
+            gaussians = _regression()._sample_gaussians(self._likelihood, outputs, labels.shape[1], self.scaler)
+            for averager in averagers:
+                averager.update(*gaussians, weight)
+        else:
+            for averager in averagers:
+                _update(averager, outputs, self._predictor.outputs, weight)
 
     @property
     def num_samples(self) -> int:
         return 0 if self._averager is None else self._averager.num_samples
 
-    def _filled_averager(self) -> kt_metrics.PredictiveAverager:
+    def _filled_averager(self, classification_only: str | None = None):
+        if classification_only is not None and self.is_regression:
+            raise ValueError(
+                f"`{classification_only}` is a classification metric; for the uncertainty of a "
+                "regression net use keras_thermo.regression.predict_posterior on stored samples."
+            )
         if self._averager is None:
             raise ValueError(
                 f"No posterior sample has been averaged yet ({self.burn_in_description()}, "
@@ -447,37 +538,44 @@ class PosteriorAverage(RecordingCallback):
 
     @property
     def predictions(self) -> np.ndarray:
-        """`[n, K]` weighted average of the samples' predictive probabilities."""
-        return self._filled_averager().mean_probs
+        """`[n, K]` weighted average of the samples' predictive probabilities; for a
+        regression net, the `[n, D]` predictive mean."""
+        averager = self._filled_averager()
+        return averager.mean if self.is_regression else averager.mean_probs
 
     @property
     def predictive_entropy(self) -> np.ndarray:
         """`[n]` entropy of the averaged predictive distribution, in nats."""
-        return self._filled_averager().predictive_entropy
+        return self._filled_averager("predictive_entropy").predictive_entropy
 
     @property
     def expected_entropy(self) -> np.ndarray:
         """`[n]` weighted mean over samples of each sample's predictive entropy, in nats."""
-        return self._filled_averager().expected_entropy
+        return self._filled_averager("expected_entropy").expected_entropy
 
     @property
     def mutual_information(self) -> np.ndarray:
         """`[n]` predictive minus expected entropy: the samples' disagreement, in nats."""
-        return self._filled_averager().mutual_information
+        return self._filled_averager("mutual_information").mutual_information
 
     @property
     def labels(self) -> np.ndarray | None:
-        """`[n]` labels of `data`, once the first sample has been evaluated."""
+        """`[n]` labels of `data` (`[n, D]` regression targets), once the first sample has
+        been evaluated."""
         return self._labels
 
     def result(self) -> dict[str, float]:
-        """`{'accuracy', 'nll', 'expected_log_loss', 'ece', 'brier', 'num_samples'}`.
+        """`{'accuracy', 'nll', 'expected_log_loss', 'ece', 'brier', 'num_samples'}`; for a
+        regression net `{'rmse', 'nll', 'coverage_<level>'..., 'crps', 'num_samples'}`.
 
         NaN metrics and `num_samples = 0` before the first sample.
         """
-        if self._averager is None:
-            return _empty_result()
-        return self._averager.result()
+        if self._averager is not None:
+            return self._averager.result()
+        if self.is_regression:
+            names = _regression()._metric_names(self.levels, self.crps)
+            return {**dict.fromkeys(names, float("nan")), "num_samples": 0}
+        return _empty_result()
 
     def chain_results(self) -> list[dict[str, float]]:
         """Each chain's own `result()` (its samples only), for a model with several chains;
@@ -487,7 +585,8 @@ class PosteriorAverage(RecordingCallback):
     def on_epoch_end(self, epoch, logs=None):
         self._drain()
         if logs is not None:
-            logs.update({LOG_NAMES[name]: value for name, value in self.result().items()})
+            names = REGRESSION_LOG_NAMES if self.is_regression else LOG_NAMES
+            logs.update({names.get(name, name): value for name, value in self.result().items()})
 
     def get_config(self) -> dict:
         return {
@@ -497,6 +596,10 @@ class PosteriorAverage(RecordingCallback):
             "outputs": self.outputs,
             "batch_size": self.data.batch_size,
             "num_bins": self.num_bins,
+            "levels": list(self.levels),
+            "crps": self.crps,
+            "max_crps_samples": self.max_crps_samples,
+            "scaler": None if self.scaler is None else self.scaler.get_config(),
         }
 
 

@@ -41,7 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_thermo import losses as kt_losses
-from keras_thermo._validation import check_bool, check_number
+from keras_thermo._validation import check_bool, check_int, check_number
 from keras_thermo.posterior import _EvaluationData, _SamplePredictor, _stream
 
 _SQRT2 = math.sqrt(2.0)
@@ -306,16 +306,158 @@ class RegressionPrediction:
         """
         means, stds, weights = self.components()
         y = _targets(y).reshape(means.shape[1:])
-        variances = np.square(stds)
-        score = np.einsum("s,snd->nd", weights, _expected_abs_normal(y - means, variances))
-        block = max(1, _PAIR_BLOCK_ELEMENTS // means.size)
-        for start in range(0, means.shape[0], block):
-            rows = slice(start, start + block)
-            pairs = _expected_abs_normal(
-                means[rows, None] - means[None], variances[rows, None] + variances[None]
-            )
-            score -= 0.5 * np.einsum("s,t,stnd->nd", weights[rows], weights, pairs)
-        return score
+        return np.einsum("s,snd->nd", weights, _crps_target_terms(y, means, stds)) - _crps_half_spread(
+            means, stds, weights
+        )
+
+
+def _crps_target_terms(y: np.ndarray, means: np.ndarray, stds: np.ndarray) -> np.ndarray:
+    """`E|X_s - y|` of each component (any shape broadcasting `y` against `means`): the CRPS's
+    first term is their weighted sum."""
+    return _expected_abs_normal(y - means, np.square(stds))
+
+
+def _crps_half_spread(means: np.ndarray, stds: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """`[n, D]` `E|X - X'| / 2` of the mixture of `[S, n, D]` components with weights `[S]`
+    summing to 1 (the CRPS's pair term), in blocks of samples, never `[S, S, n, D]`."""
+    variances = np.square(stds)
+    spread = np.zeros(means.shape[1:])
+    block = max(1, _PAIR_BLOCK_ELEMENTS // means.size)
+    for start in range(0, means.shape[0], block):
+        rows = slice(start, start + block)
+        pairs = _expected_abs_normal(means[rows, None] - means[None], variances[rows, None] + variances[None])
+        spread += 0.5 * np.einsum("s,t,stnd->nd", weights[rows], weights, pairs)
+    return spread
+
+
+def _rmse(targets: np.ndarray, mean: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(targets - mean))))
+
+
+def _level_name(level: float) -> str:
+    return f"{100.0 * level:.10g}"
+
+
+class RegressionAverager:
+    """Streams posterior samples' Gaussians on fixed labelled examples into the metrics of
+    their predictive mixture, in bounded memory (what `keras_thermo.callbacks.PosteriorAverage`
+    reports for a regression net).
+
+    Each `update` adds one sample's `means` and `stds` `[n, D]` at the same `n` examples with
+    targets `targets`. Running sums give, exactly and in `O(n D)` memory whatever the number of
+    samples:
+
+    - `rmse` of the predictive mean and `nll`, the mixture's negative log density per example
+      (as `evaluate_posterior`);
+    - `coverage_<level>` for each of `levels`: a target lies in the mixture's central interval
+      of probability `level` exactly when the mixture CDF at it, `sum_s w_s Phi((y - mu_s) /
+      sigma_s)`, a running sum, lies in `[(1 - level) / 2, (1 + level) / 2]`;
+    - the first term of the CRPS, `sum_s w_s E|X_s - y|`.
+
+    The CRPS's pair term `E|X - X'| / 2` couples every two samples; it is computed from a store
+    of at most `max_crps_samples` samples' Gaussians: every sample while they fit (the CRPS is
+    then exact, as `evaluate_posterior`'s), then an evenly thinned subset (every second, fourth,
+    ... sample, its weights renormalised), memory `2 max_crps_samples n D` float64. Interval
+    widths need the mixture's quantiles, hence every component: `evaluate_posterior` gives them.
+
+    Args:
+        targets: `[n]` or `[n, D]` targets of the examples.
+        levels: Probabilities of the central intervals whose coverage is measured.
+        crps: Whether to compute the CRPS.
+        max_crps_samples: Most samples stored for the CRPS's pair term (>= 2), or None for all.
+
+    Example:
+        >>> import numpy as np
+        >>> averager = RegressionAverager(targets=[0.0, 3.0])
+        >>> averager.update(means=[[0.0], [0.0]], stds=[[1.0], [1.0]])
+        >>> {name: round(value, 4) for name, value in averager.result().items()}
+        {'rmse': 2.1213, 'nll': 3.1689, 'coverage_90': 0.5, 'crps': 1.3351, 'num_samples': 1}
+    """
+
+    def __init__(self, targets: Any, levels: Any = (0.9,), crps: bool = True, max_crps_samples: int | None = 100):
+        self.targets = _targets(targets, "targets")
+        if not np.all(np.isfinite(self.targets)):
+            raise ValueError("`targets` must be finite.")
+        self.levels = _check_levels(levels)
+        self.crps = check_bool("crps", crps)
+        if max_crps_samples is not None:
+            max_crps_samples = check_int("max_crps_samples", max_crps_samples, low=2)
+        self.max_crps_samples = max_crps_samples
+        self.reset()
+
+    def reset(self) -> None:
+        """Forgets every sample."""
+        self._moments = RegressionPrediction(keep_components=False)
+        self._log_density = _LogMeanExp()
+        self._cdf_sum = np.zeros_like(self.targets)
+        self._crps_sum = np.zeros_like(self.targets)
+        self._stored: list[tuple[np.ndarray, np.ndarray, float]] = []
+        self._stride = 1  # the store holds the samples whose index is a multiple of it
+
+    @property
+    def num_samples(self) -> int:
+        return self._moments.num_samples
+
+    @property
+    def mean(self) -> np.ndarray:
+        """`[n, D]` predictive mean."""
+        return self._moments.mean
+
+    @property
+    def std(self) -> np.ndarray:
+        """`[n, D]` total predictive standard deviation."""
+        return self._moments.std
+
+    def update(self, means: Any, stds: Any, weight: float = 1.0) -> None:
+        """Adds one sample's Gaussians, `means` and `stds` `[n, D]` (or `[n]`), weight >= 0."""
+        means = _targets(means, "means").reshape(self.targets.shape)
+        stds = _targets(stds, "stds").reshape(self.targets.shape)
+        index = self._moments.num_samples
+        self._moments.add(means, stds, weight)  # checks the shapes, the stds and the weight
+        self._log_density.add(_component_log_density(self.targets, means, stds), weight)
+        if self.levels:
+            self._cdf_sum += weight * _normal_cdf((self.targets - means) / stds)
+        if self.crps:
+            self._crps_sum += weight * _crps_target_terms(self.targets, means, stds)
+            if index % self._stride == 0:
+                self._stored.append((means, stds, weight))
+                if self.max_crps_samples is not None and len(self._stored) > self.max_crps_samples:
+                    self._stored = self._stored[::2]
+                    self._stride *= 2
+
+    def result(self) -> dict[str, float]:
+        """`rmse`, `nll`, `coverage_<level>` for each level, `crps` (if asked) and
+        `num_samples`; NaN metrics and `num_samples = 0` before the first sample (or while the
+        weights sum to 0)."""
+        moments = self._moments
+        if moments.num_samples == 0 or not moments.total_weight > 0:
+            return {**dict.fromkeys(self.metric_names(), float("nan")), "num_samples": moments.num_samples}
+        result = {"rmse": _rmse(self.targets, moments.mean), "nll": float(-np.mean(self._log_density.result()))}
+        cdf = self._cdf_sum / moments.total_weight
+        for level in self.levels:
+            inside = (cdf >= (1.0 - level) / 2.0) & (cdf <= (1.0 + level) / 2.0)
+            result[f"coverage_{_level_name(level)}"] = float(np.mean(inside))
+        if self.crps:
+            means, stds, weights = (np.stack(values) for values in zip(*self._stored))
+            if weights.sum() > 0:
+                half_spread = _crps_half_spread(means, stds, weights / weights.sum())
+            else:  # the stored samples all weigh 0: take them equally
+                half_spread = _crps_half_spread(means, stds, np.full(len(weights), 1.0 / len(weights)))
+            result["crps"] = float(np.mean(self._crps_sum / moments.total_weight - half_spread))
+        result["num_samples"] = moments.num_samples
+        return result
+
+    def metric_names(self) -> list[str]:
+        """The metric names of `result()`, in order, without `num_samples`."""
+        return _metric_names(self.levels, self.crps)
+
+
+def _metric_names(levels: tuple[float, ...], crps: bool) -> list[str]:
+    return ["rmse", "nll"] + [f"coverage_{_level_name(level)}" for level in levels] + (["crps"] if crps else [])
+
+
+def _check_levels(levels: Any) -> tuple[float, ...]:
+    return tuple(_check_probability("levels", level) for level in np.atleast_1d(np.asarray(levels, dtype=object)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -542,10 +684,6 @@ def predict_posterior(
     return prediction
 
 
-def _level_name(level: float) -> str:
-    return f"{100.0 * level:.10g}"
-
-
 def evaluate_posterior(
     model: keras.Model,
     samples: Any,
@@ -589,7 +727,7 @@ def evaluate_posterior(
     """
     likelihood = _likelihood(model, loss)
     crps = check_bool("crps", crps)
-    levels = tuple(_check_probability("levels", level) for level in np.atleast_1d(np.asarray(levels, dtype=object)))
+    levels = _check_levels(levels)
     inputs, targets = _labelled_data(data, batch_size)
     prediction = RegressionPrediction(keep_components=bool(levels) or crps)
     log_density = _LogMeanExp()
@@ -599,7 +737,7 @@ def evaluate_posterior(
         log_density.add(_component_log_density(targets, means, stds), weight)
     prediction._check_filled()
     result = {
-        "rmse": float(np.sqrt(np.mean(np.square(targets - prediction.mean)))),
+        "rmse": _rmse(targets, prediction.mean),
         "nll": float(-np.mean(log_density.result())),
     }
     for level in levels:
@@ -613,6 +751,7 @@ def evaluate_posterior(
 
 
 __all__ = [
+    "RegressionAverager",
     "RegressionPrediction",
     "TargetScaler",
     "evaluate_posterior",

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import keras_thermo as kt
+from keras_thermo import _fit_checks
 
 ROWS = 50
 
@@ -106,3 +107,61 @@ def test_a_loss_that_reads_the_wrong_kind_of_output_warns(activation, from_logit
     model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits))
     found = [w for w in _fit_warnings(model, x, y, batch_size=10, epochs=1) if "from_logits" in w]
     assert bool(found) == warns, found
+
+
+def _regression_model(loss, units=1):
+    keras.utils.set_random_seed(0)
+    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(units)])
+    model = kt.BayesianModel(net, kt.samplers.SGHMC(1e-3), num_examples=ROWS, seed=0)
+    model.compile(loss=loss)
+    return model
+
+
+def _check_warnings(check, *args) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check(*args)
+    return [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+
+
+def test_mse_warns_once_that_it_is_a_gaussian_of_variance_one_half():
+    x, _ = _data()
+    y = np.random.default_rng(1).normal(size=(ROWS, 1)).astype("float32")
+    model = _regression_model("mse")
+    found = _fit_warnings(model, x, y, batch_size=10, epochs=1)
+    said = [w for w in found if "loss='mse'" in w]
+    assert len(said) == 1 and "variance 1/2" in said[0] and "keras_thermo.losses.GaussianNLL" in said[0], found
+    assert not [w for w in _fit_warnings(model, x, y, batch_size=10, epochs=1) if "loss='mse'" in w]  # once
+    for loss in [keras.losses.MeanSquaredError(), keras.losses.mean_squared_error, "mean_squared_error"]:
+        assert len(_check_warnings(_fit_checks.warn_about_mse_likelihood, _regression_model(loss))) == 1, loss
+    assert not _check_warnings(_fit_checks.warn_about_mse_likelihood, _regression_model(kt.losses.GaussianNLL(1.0)))
+
+
+def _assert_says_how_to_standardise(found):
+    assert len(found) == 1, found
+    for what in ["mean [", "standard deviation [", "TargetScaler().fit(y_train)", "scaler.transform(y_train)",
+                 "scaler=scaler", "scaler.inverse_transform(", "scaler.inverse_transform_std(std)"]:
+        assert what in found[0], what
+
+
+def test_targets_far_from_unit_scale_warn_with_how_to_standardise():
+    x, _ = _data()
+    y = np.random.default_rng(1).normal(150.0, 70.0, size=(ROWS, 1)).astype("float32")  # diabetes-like
+    found = _fit_warnings(_regression_model(kt.losses.GaussianNLL(), units=2), x, y, batch_size=10, epochs=1)
+    _assert_says_how_to_standardise([w for w in found if "far from unit scale" in w])
+    for loc, scale in [(0.0, 0.01), (40.0, 1.0), (0.0, 30.0)]:  # tiny, offset, wide
+        y = np.random.default_rng(1).normal(loc, scale, size=(ROWS, 2))
+        model = _regression_model(kt.losses.GaussianNLL(scale=1.0), units=2)
+        _assert_says_how_to_standardise(_check_warnings(_fit_checks.warn_about_target_scale, model, y))
+        assert not _check_warnings(_fit_checks.warn_about_target_scale, model, y)  # once a model
+
+
+def test_standardised_targets_and_class_labels_stay_quiet():
+    x, _ = _data()
+    y = np.random.default_rng(1).normal(150.0, 70.0, size=(ROWS, 1))
+    scaler = kt.regression.TargetScaler().fit(y)
+    found = _fit_warnings(_regression_model(kt.losses.GaussianNLL(), units=2), x, scaler.transform(y),
+                          batch_size=10, epochs=1)
+    assert not [w for w in found if "unit scale" in w or "loss='mse'" in w], found
+    # Class labels are no regression targets, however many classes (labels up to 49 here).
+    assert not _check_warnings(_fit_checks.warn_about_target_scale, _model(), np.arange(ROWS) % 50)

@@ -288,6 +288,99 @@ def test_a_model_without_a_gaussian_loss_is_refused_with_what_to_do():
                                          loss=kt.losses.GaussianNLL(scale=1.0), levels=(90,), verbose=0)
 
 
+# ---------------------------------------------------------------------------------- during sampling
+
+
+def test_posterior_average_of_a_regression_net_matches_evaluate_posterior():
+    """The callback's streamed metrics (coverage from the mixture CDF at the targets, the CRPS from
+    running sums) against `evaluate_posterior`'s (coverage from the mixture's quantiles) on the
+    very samples a SampleCollector kept, on the targets' own scale via a TargetScaler."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(24, 3)).astype(np.float32)
+    y = (100.0 + 20.0 * (x @ [1.0, -0.5, 0.2] + 0.3 * rng.normal(size=24)))[:, None]
+    scaler = TargetScaler().fit(y)
+    model = kt.BayesianModel(_net(2), kt.samplers.SGLD(1e-3), num_examples=24, prior=kt.priors.Gaussian(1.0), seed=0)
+    model.compile(loss=kt.losses.GaussianNLL(), steps_per_execution=2)
+    average = kt.callbacks.PosteriorAverage((x[:10], y[:10]), burn_in_steps=2, every_n_steps=1,
+                                            levels=(0.5, 0.9), scaler=scaler)
+    collector = kt.callbacks.SampleCollector(burn_in_steps=2, every_n_steps=1)
+    history = model.fit(x, scaler.transform(y), batch_size=8, epochs=3, callbacks=[average, collector], verbose=0)
+    assert average.is_regression and average.num_samples == collector.steps.size == 7
+    expected = kt.regression.evaluate_posterior(model, collector, (x[:10], y[:10]), levels=(0.5, 0.9),
+                                                scaler=scaler, verbose=0)
+    result = average.result()
+    assert list(result) == ["rmse", "nll", "coverage_50", "coverage_90", "crps", "num_samples"]
+    for name in ["rmse", "nll", "crps"]:
+        np.testing.assert_allclose(result[name], expected[name], rtol=1e-6, err_msg=name)
+    for name in ["coverage_50", "coverage_90"]:
+        assert result[name] == expected[name], name
+    assert 0.0 <= result["coverage_50"] <= result["coverage_90"] <= 1.0
+    np.testing.assert_allclose(
+        average.predictions,
+        kt.regression.predict_posterior(model, collector, x[:10], scaler=scaler, verbose=0).mean, rtol=1e-6
+    )
+    # Into History, one value per epoch.
+    assert history.history["num_samples"] == [1, 4, 7]  # steps 3 to 9, after 2 of burn-in
+    np.testing.assert_allclose(history.history["posterior_rmse"][-1], result["rmse"])
+    np.testing.assert_allclose(history.history["posterior_nll"][-1], result["nll"])
+    np.testing.assert_allclose(history.history["coverage_90"][-1], result["coverage_90"])
+    np.testing.assert_allclose(history.history["crps"][-1], result["crps"])
+    with pytest.raises(ValueError, match="classification metric"):
+        _ = average.mutual_information
+    average.reset()
+    assert np.isnan(average.result()["crps"]) and average.result()["num_samples"] == 0
+
+
+def test_regression_averager_thins_the_crps_store_to_its_bound():
+    """Past `max_crps_samples` the pair term comes from every 2^k-th sample; the first term
+    `E|X - y|` still from every sample (checked against scipy's folded normal)."""
+    means, stds, weights = _random_mixture(5, num_samples=9)
+    y = np.random.default_rng(6).normal(size=(3, 2))
+    bounded = kt.regression.RegressionAverager(y, crps=True, max_crps_samples=4)
+    exact = kt.regression.RegressionAverager(y, crps=True, max_crps_samples=None)
+    for mean, std, weight in zip(means, stds, weights):
+        bounded.update(mean, std, weight)
+        exact.update(mean, std, weight)
+    assert len(bounded._stored) == 3  # samples 0, 4 and 8: the store halved twice
+    np.testing.assert_allclose(exact.result()["crps"],
+                               np.mean(RegressionPrediction.from_components(means, stds, weights).crps(y)), rtol=1e-12)
+
+    def expected_abs(m, s, w):  # E|X - y| of a mixture
+        return np.einsum("s,snd->nd", w / w.sum(), stats.foldnorm.mean(np.abs(y - m) / s, scale=s))
+
+    kept = [0, 4, 8]
+    thinned = RegressionPrediction.from_components(means[kept], stds[kept], weights[kept])
+    half_spread = expected_abs(means[kept], stds[kept], weights[kept]) - thinned.crps(y)
+    np.testing.assert_allclose(bounded.result()["crps"], np.mean(expected_abs(means, stds, weights) - half_spread),
+                               rtol=1e-10)
+    for name in ["rmse", "nll", "coverage_90"]:
+        assert bounded.result()[name] == exact.result()[name]
+    with pytest.raises(ValueError, match="max_crps_samples"):
+        kt.regression.RegressionAverager(y, max_crps_samples=1)
+    with pytest.raises(ValueError, match="max_crps_samples"):
+        kt.callbacks.PosteriorAverage((np.zeros((2, 3)), np.zeros(2)), max_crps_samples=0)
+
+
+def test_posterior_average_regression_arguments_are_checked():
+    x, y = np.zeros((4, 3), np.float32), np.zeros(4)
+    with pytest.raises(ValueError, match=r"`levels` must be in \(0, 1\), got 90"):
+        kt.callbacks.PosteriorAverage((x, y), levels=(90,))
+    with pytest.raises(TypeError, match="`scaler` must be a keras_thermo.regression.TargetScaler"):
+        kt.callbacks.PosteriorAverage((x, y), scaler=2.0)
+    model = _bayesian_model(kt.losses.GaussianNLL(scale=1.0))
+    model(x)
+    with pytest.raises(ValueError, match="`outputs='logits'` is for classifiers"):
+        kt.callbacks.PosteriorAverage((x, y), outputs="logits").attach(model)
+    classifier = _bayesian_model(keras.losses.SparseCategoricalCrossentropy(from_logits=True), units=2)
+    classifier(x)
+    with pytest.raises(ValueError, match="`scaler` is for regression nets"):
+        kt.callbacks.PosteriorAverage((x, y), scaler=TargetScaler().fit(y + 1.0)).attach(classifier)
+    student = _bayesian_model(kt.losses.StudentTNLL(df=3.0, scale=1.0))
+    student(x)
+    with pytest.raises(ValueError, match="StudentTNLL"):
+        kt.callbacks.PosteriorAverage((x, y)).attach(student)
+
+
 # ---------------------------------------------------------------------------------- target scale
 
 

@@ -1,0 +1,415 @@
+"""Predictive uncertainty for regression: SG-MCMC samplers against ordinary least squares, a MAP
+fit of the same net and a deep ensemble of MAP nets.
+
+    PYTHONPATH=. python -m benchmarks.regression_uncertainty --out benchmarks/results/regression_uncertainty
+
+Two data sets, both available offline:
+
+- scikit-learn's bundled diabetes data (442 rows, 10 features), 5 random 80/20 splits. Inputs
+  are standardized with the training split's statistics and targets with
+  `kt.regression.TargetScaler`; every metric is reported on the targets' own scale.
+- a 1-D toy, `y = x sin(x) + N(0, 0.3^2)`, with its inputs in two clusters `[-4, -1.5]` and
+  `[1.5, 4]`: between them (`|x| < 1`) there is no data, and the epistemic standard deviation
+  (the spread of the samples' means) must grow there. Its predictive bands are plotted.
+
+One protocol for every data set and method (no constant is tuned per data set or sampler):
+
+- The net: `d -> 50 relu -> 2` (a mean and a raw noise scale, `kt.losses.GaussianNLL()`),
+  the prior `kt.priors.Gaussian(1.0)` on every weight.
+- MAP: full-batch Adam (learning rate 1e-2, `--map-steps` steps) on `U / N`, the same
+  posterior's negative log density per example. Deep ensemble: 5 MAP nets from different
+  initialisations, their Gaussians mixed with equal weights.
+- Samplers (`SGNHT`, `CCAdL`, `mCCAdL`, `SGHMC`): step size `--step-size`, friction 1 (the
+  library defaults otherwise: the thermostats' warm-up of 1000 steps, CCAdL's diagonal noise
+  covariance), minibatches of 32 drawn with replacement, started from Keras' initialisation of
+  the net (`--start map`: from the first MAP net), `--steps` steps of which the first `--burn-in` are discarded, a sample every
+  `--every` steps.
+- OLS: least squares with an intercept; its predictive is the Gaussian
+  `N(x b, s^2 (1 + x (X^T X)^-1 x^T))`, `s^2` the residual variance with `n - p` degrees of
+  freedom.
+- Metrics (`kt.regression`): RMSE of the predictive mean, NLL (the predictive mixture's negative
+  log density per test example), the coverage and width of its central 90% interval (exact
+  mixture quantiles) and the CRPS.
+
+Writes `results.json` (protocol, per-split figures, their means and standard deviations, which
+of the targets each method meets on every split) and `toy_bands.png` under `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import keras_thermo as kt  # noqa: E402
+
+SAMPLERS = {
+    "sgnht": lambda h: kt.samplers.SGNHT(h, friction=1.0),
+    "ccadl": lambda h: kt.samplers.CCAdL(h, friction=1.0),
+    "mccadl": lambda h: kt.samplers.MCCAdL(h, friction=1.0),
+    "sghmc": lambda h: kt.samplers.SGHMC(h, friction=1.0),
+}
+PRIOR_STD = 1.0
+HIDDEN = 50
+BATCH_SIZE = 32
+ENSEMBLE_SIZE = 5
+MAP_LEARNING_RATE = 1e-2
+LEVEL = 0.9
+GAP = 1.0  # |x| < GAP is the toy's gap (its clusters start at 1.5)
+
+# The targets of the comparison, on every diabetes split.
+RMSE_TOLERANCE = 0.05  # posterior mean RMSE within 5% of OLS
+COVERAGE_BAND = (0.85, 0.95)
+GAP_RATIO = 2.0
+
+
+def _net(num_features: int) -> keras.Model:
+    return keras.Sequential(
+        [keras.Input((num_features,)), keras.layers.Dense(HIDDEN, activation="relu"), keras.layers.Dense(2)]
+    )
+
+
+def _vector(net: keras.Model) -> np.ndarray:
+    return np.concatenate([v.numpy().ravel() for v in net.trainable_variables]).astype(np.float32)
+
+
+def fit_map(x: np.ndarray, y: np.ndarray, seed: int, steps: int) -> keras.Model:
+    """The MAP net: full-batch Adam on the posterior's negative log density per example."""
+    keras.utils.set_random_seed(seed)
+    net = _net(x.shape[1])
+    loss = kt.losses.GaussianNLL()
+    optimizer = keras.optimizers.Adam(MAP_LEARNING_RATE)
+    x_t, y_t, n = tf.constant(x), tf.constant(y), float(x.shape[0])
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            prior = tf.add_n([tf.reduce_sum(tf.square(v)) for v in net.trainable_variables]) / (2 * PRIOR_STD**2)
+            objective = loss(y_t, net(x_t, training=True)) + prior / n
+        variables = net.trainable_variables
+        optimizer.apply_gradients(zip(tape.gradient(objective, variables), variables))
+
+    for _ in range(steps):
+        step()
+    return net
+
+
+def run_sampler(name, x, y, start: keras.Model, args, seed: int) -> tuple[keras.Model, np.ndarray, dict]:
+    """`(model, samples [S, Nd], info)`; empty samples if the run diverged."""
+    keras.utils.set_random_seed(seed)
+    net = _net(x.shape[1])
+    if args.start == "map":
+        net.set_weights(start.get_weights())
+    model = kt.BayesianModel(net, SAMPLERS[name](args.step_size), num_examples=x.shape[0],
+                             prior=kt.priors.Gaussian(PRIOR_STD), seed=seed)
+    model.compile(loss=kt.losses.GaussianNLL(), steps_per_execution=50)
+    collector = kt.callbacks.SampleCollector(burn_in_steps=args.burn_in, every_n_steps=args.every)
+    steps_per_epoch = math.ceil(x.shape[0] / BATCH_SIZE)
+    epochs = math.ceil(args.steps / steps_per_epoch)
+    info = {"steps": epochs * steps_per_epoch}
+    start_time = time.perf_counter()
+    try:
+        history = model.fit(x, y, batch_size=BATCH_SIZE, epochs=epochs, callbacks=[collector], verbose=0)
+        info["diverged"] = False
+        for key in ("kinetic_temperature", "configurational_temperature", "xi"):
+            if key in history.history:
+                info[f"final_{key}"] = float(history.history[key][-1])
+    except kt.SamplerDivergedError as error:
+        info["diverged"] = True
+        info["error"] = str(error).splitlines()[0]
+    info["seconds"] = time.perf_counter() - start_time
+    samples = np.asarray(collector.samples) if collector.steps.size else np.zeros((0, 0), np.float32)
+    info["num_samples"] = int(samples.shape[0])
+    return model, samples, info
+
+
+def score(prediction: kt.regression.RegressionPrediction, y: np.ndarray) -> dict:
+    """RMSE, NLL, 90% coverage and width, CRPS of a predictive mixture at targets `y` [n, 1]."""
+    lower, upper = prediction.interval(LEVEL)
+    return {
+        "rmse": float(np.sqrt(np.mean((prediction.mean - y) ** 2))),
+        "nll": float(-np.mean(prediction.log_density(y))),
+        "coverage_90": float(np.mean((lower <= y) & (y <= upper))),
+        "interval_width_90": float(np.mean(upper - lower)),
+        "crps": float(np.mean(prediction.crps(y))),
+    }
+
+
+def ols_prediction(x_train, y_train, x_test) -> kt.regression.RegressionPrediction:
+    design = np.hstack([x_train, np.ones((x_train.shape[0], 1))])
+    test_design = np.hstack([x_test, np.ones((x_test.shape[0], 1))])
+    coefficients, *_ = np.linalg.lstsq(design, y_train, rcond=None)
+    residual_variance = float(np.sum((y_train - design @ coefficients) ** 2) / (design.shape[0] - design.shape[1]))
+    leverage = np.einsum("ij,jk,ik->i", test_design, np.linalg.inv(design.T @ design), test_design)
+    std = np.sqrt(residual_variance * (1.0 + leverage))
+    return kt.regression.RegressionPrediction.from_components((test_design @ coefficients)[None], std[None, :, None])
+
+
+def net_prediction(model, samples, x, scaler) -> kt.regression.RegressionPrediction:
+    return kt.regression.predict_posterior(model, samples, x, loss=kt.losses.GaussianNLL(), scaler=scaler, verbose=0)
+
+
+def evaluate_methods(x_train, y_train, x_eval_sets, args, seed: int, samplers) -> dict:
+    """Every method's predictions at each of `x_eval_sets` (name -> inputs), on y's scale.
+
+    Returns `{method: {"predictions": {name: RegressionPrediction}, "info": {...}}}`."""
+    x_mean, x_std = x_train.mean(axis=0), x_train.std(axis=0)
+    standardize = lambda x: ((x - x_mean) / x_std).astype(np.float32)  # noqa: E731
+    scaler = kt.regression.TargetScaler().fit(y_train)
+    xs, ys = standardize(x_train), scaler.transform(y_train).astype(np.float32)
+    results = {"ols": {"predictions": {k: ols_prediction(xs, y_train, standardize(v)) for k, v in x_eval_sets.items()},
+                       "info": {}}}
+    start = time.perf_counter()
+    maps = [fit_map(xs, ys, seed * 100 + member, args.map_steps) for member in range(ENSEMBLE_SIZE)]
+    map_seconds = time.perf_counter() - start
+    vectors = np.stack([_vector(net) for net in maps])
+    results["map"] = {
+        "predictions": {k: net_prediction(maps[0], vectors[:1], standardize(v), scaler) for k, v in x_eval_sets.items()},
+        "info": {"seconds": map_seconds / ENSEMBLE_SIZE},
+    }
+    results["ensemble"] = {
+        "predictions": {k: net_prediction(maps[0], vectors, standardize(v), scaler) for k, v in x_eval_sets.items()},
+        "info": {"seconds": map_seconds},
+    }
+    for name in samplers:
+        model, samples, info = run_sampler(name, xs, ys, maps[0], args, seed)
+        predictions = {}
+        if samples.shape[0]:
+            predictions = {k: net_prediction(model, samples, standardize(v), scaler) for k, v in x_eval_sets.items()}
+        results[name] = {"predictions": predictions, "info": info}
+        print(f"  {name}: {info}", flush=True)
+    return results
+
+
+# --------------------------------------------------------------------------------------------
+# Diabetes
+
+
+def diabetes(args) -> dict:
+    from sklearn.datasets import load_diabetes  # noqa: PLC0415
+
+    data = load_diabetes()
+    x_all, y_all = data.data.astype(np.float64), data.target.astype(np.float64)[:, None]
+    splits = []
+    for split in range(args.splits):
+        order = np.random.default_rng(split).permutation(x_all.shape[0])
+        cut = int(round(0.8 * x_all.shape[0]))
+        train, test = order[:cut], order[cut:]
+        print(f"diabetes split {split}", flush=True)
+        results = evaluate_methods(x_all[train], y_all[train], {"test": x_all[test]}, args, split, args.samplers)
+        splits.append({
+            method: {**(score(r["predictions"]["test"], y_all[test]) if r["predictions"] else {}), **r["info"]}
+            for method, r in results.items()
+        })
+    methods = list(splits[0])
+    summary = {}
+    for method in methods:
+        summary[method] = {}
+        for metric in ("rmse", "nll", "coverage_90", "interval_width_90", "crps"):
+            values = np.array([s[method].get(metric, np.nan) for s in splits])
+            summary[method][metric] = {"mean": float(np.mean(values)), "std": float(np.std(values, ddof=1))}
+    targets = {}
+    for method in args.samplers + ["ensemble", "map"]:
+        per_split = []
+        for s in splits:
+            m = s[method]
+            if "rmse" not in m:
+                per_split.append({"rmse_within_5pct_of_ols": False, "coverage_in_band": False, "nll_at_most_map": False})
+                continue
+            per_split.append({
+                "rmse_within_5pct_of_ols": bool(m["rmse"] <= (1 + RMSE_TOLERANCE) * s["ols"]["rmse"]),
+                "coverage_in_band": bool(COVERAGE_BAND[0] <= m["coverage_90"] <= COVERAGE_BAND[1]),
+                "nll_at_most_map": bool(m["nll"] <= s["map"]["nll"]),
+            })
+        targets[method] = {key: sum(p[key] for p in per_split) for key in per_split[0]}
+    return {"splits": splits, "summary": summary, "targets_met_on_splits": targets}
+
+
+# --------------------------------------------------------------------------------------------
+# The 1-D toy with a gap
+
+
+def toy_data(rng, n):
+    half = n // 2
+    x = np.concatenate([rng.uniform(-4.0, -1.5, half), rng.uniform(1.5, 4.0, n - half)])[:, None]
+    y = x * np.sin(x) + 0.3 * rng.normal(size=x.shape)
+    return x, y
+
+
+def toy(args) -> tuple[dict, dict]:
+    rng = np.random.default_rng(100)
+    x_train, y_train = toy_data(rng, 160)
+    x_test, y_test = toy_data(rng, 200)
+    grid = np.linspace(-6.0, 6.0, 241)[:, None]
+    print("toy", flush=True)
+    results = evaluate_methods(x_train, y_train, {"test": x_test, "grid": grid}, args, 0, args.samplers)
+    in_gap = np.abs(grid[:, 0]) < GAP
+    on_data = (np.abs(grid[:, 0]) >= 1.5) & (np.abs(grid[:, 0]) <= 4.0)
+    figures, bands = {}, {}
+    for method, r in results.items():
+        if not r["predictions"]:
+            figures[method] = r["info"]
+            continue
+        g = r["predictions"]["grid"]
+        epistemic = g.epistemic_std[:, 0]
+        lower, upper = g.interval(LEVEL)
+        figures[method] = {
+            **score(r["predictions"]["test"], y_test),
+            "epistemic_std_gap": float(np.mean(epistemic[in_gap])),
+            "epistemic_std_data": float(np.mean(epistemic[on_data])),
+            "aleatoric_std_gap": float(np.mean(g.aleatoric_std[in_gap, 0])),
+            "aleatoric_std_data": float(np.mean(g.aleatoric_std[on_data, 0])),
+            **r["info"],
+        }
+        figures[method]["gap_ratio"] = figures[method]["epistemic_std_gap"] / figures[method]["epistemic_std_data"] \
+            if figures[method]["epistemic_std_data"] > 0 else None
+        bands[method] = (g.mean[:, 0], lower[:, 0], upper[:, 0], epistemic)
+    return figures, {"grid": grid[:, 0], "x": x_train[:, 0], "y": y_train[:, 0], "bands": bands}
+
+
+def plot_toy(plot: dict, path: Path) -> None:
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    methods = [m for m in plot["bands"] if m != "ols"]
+    columns = 3
+    rows = math.ceil(len(methods) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.2 * rows), sharex=True, sharey=True)
+    grid = plot["grid"]
+    for axis, method in zip(np.ravel(axes), methods):
+        mean, lower, upper, epistemic = plot["bands"][method]
+        axis.fill_between(grid, lower, upper, color="tab:blue", alpha=0.2, label="90% predictive interval")
+        axis.fill_between(grid, mean - 2 * epistemic, mean + 2 * epistemic, color="tab:orange", alpha=0.4,
+                          label="mean +- 2 epistemic sd")
+        axis.plot(grid, mean, color="tab:blue", lw=1.2, label="predictive mean")
+        axis.plot(grid, grid * np.sin(grid), color="black", lw=0.8, ls="--", label="x sin x")
+        axis.scatter(plot["x"], plot["y"], s=4, color="black")
+        axis.axvspan(-GAP, GAP, color="grey", alpha=0.1)
+        axis.set_title(method)
+        axis.set_ylim(-8, 8)
+    for axis in np.ravel(axes)[len(methods):]:
+        axis.axis("off")
+    np.ravel(axes)[0].legend(fontsize=6, loc="upper center")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def markdown_tables(report: dict) -> str:
+    """The diabetes summary (mean +- sd over splits, with how many splits meet each target) and
+    the toy's figures, as Markdown."""
+    summary, met = report["diabetes"]["summary"], report["diabetes"]["targets_met_on_splits"]
+    splits = len(report["diabetes"]["splits"])
+    lines = [
+        f"Diabetes, {splits} random 80/20 splits, original scale (mean +- sd over splits); the last three "
+        "columns count the splits meeting each target.",
+        "",
+        "| method | RMSE | NLL | 90% coverage | 90% width | CRPS | RMSE <= 1.05 OLS | coverage in [0.85, 0.95] | NLL <= MAP |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for method, figures in summary.items():
+        cells = [f"{figures[k]['mean']:.3g} +- {figures[k]['std']:.2g}" if k != "coverage_90"
+                 else f"{figures[k]['mean']:.3f} +- {figures[k]['std']:.3f}"
+                 for k in ("rmse", "nll", "coverage_90", "interval_width_90", "crps")]
+        targets = met.get(method)
+        counts = ["-"] * 3 if targets is None else [f"{targets[k]}/{splits}" for k in targets]
+        lines.append(f"| {method} | " + " | ".join(cells + counts) + " |")
+    if "toy" in report:
+        lines += [
+            "",
+            "Toy with a gap (one data set): test metrics, and the epistemic standard deviation averaged over the "
+            "gap and over the clusters.",
+            "",
+            "| method | RMSE | NLL | 90% coverage | CRPS | epistemic sd, gap | epistemic sd, data | ratio |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for method, f in report["toy"].items():
+            if "rmse" not in f:
+                lines.append(f"| {method} | diverged | | | | | | |")
+                continue
+            ratio = "-" if f.get("gap_ratio") is None else f"{f['gap_ratio']:.2f}"
+            lines.append(f"| {method} | {f['rmse']:.3f} | {f['nll']:.3f} | {f['coverage_90']:.3f} | {f['crps']:.3f} | "
+                         f"{f['epistemic_std_gap']:.3f} | {f['epistemic_std_data']:.3f} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="benchmarks/results/regression_uncertainty")
+    parser.add_argument("--splits", type=int, default=5)
+    parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=list(SAMPLERS))
+    parser.add_argument("--step-size", type=float, default=1e-3)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--burn-in", type=int, default=1200)
+    parser.add_argument("--every", type=int, default=8)
+    parser.add_argument("--map-steps", type=int, default=2000)
+    parser.add_argument("--start", choices=("init", "map"), default="init",
+                        help="start the samplers at Keras' initialisation (seeded) or at the first MAP net")
+    parser.add_argument("--skip-toy", action="store_true")
+    parser.add_argument("--table-from", metavar="RESULTS_JSON",
+                        help="only print the Markdown tables of an earlier run's results.json")
+    args = parser.parse_args(argv)
+    if args.table_from:
+        print(markdown_tables(json.loads(Path(args.table_from).read_text())), end="")
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    tf.config.threading.set_intra_op_parallelism_threads(2)
+    start = time.perf_counter()
+    report = {
+        "command": "PYTHONPATH=. python -m benchmarks.regression_uncertainty " + " ".join(sys.argv[1:] if argv is None else argv),
+        "protocol": {
+            "net": f"d -> {HIDDEN} relu -> 2 (mean, raw scale), kt.losses.GaussianNLL()",
+            "prior": f"kt.priors.Gaussian({PRIOR_STD})",
+            "inputs": "standardized with the training split's mean and std",
+            "targets": "kt.regression.TargetScaler on the training split; metrics on the original scale",
+            "map": f"full-batch Adam, learning rate {MAP_LEARNING_RATE}, {args.map_steps} steps on U / N",
+            "ensemble": f"{ENSEMBLE_SIZE} MAP nets from different initialisations, equal-weight mixture",
+            "samplers": {name: f"{name}(step_size={args.step_size}, friction=1.0), library defaults otherwise"
+                         for name in args.samplers},
+            "sampling": f"batch {BATCH_SIZE} with replacement, start at "
+                        f"{'the first MAP net' if args.start == 'map' else 'Keras initialisation (seeded)'}, {args.steps} steps "
+                        f"(whole epochs), burn-in {args.burn_in}, a sample every {args.every} steps",
+            "ols": "least squares with intercept, Gaussian predictive N(x b, s^2 (1 + x (X^T X)^-1 x^T))",
+            "diabetes": f"sklearn load_diabetes, {args.splits} random 80/20 splits (numpy default_rng(split))",
+            "toy": "y = x sin x + N(0, 0.3^2), 80 + 80 inputs uniform on [-4, -1.5] and [1.5, 4], 200 test "
+                   f"points the same way; epistemic std averaged over a grid in |x| < {GAP} (gap) and in the "
+                   "clusters (data)",
+            "goals": {"rmse_within_of_ols": RMSE_TOLERANCE, "coverage_90_band": COVERAGE_BAND,
+                        "nll": "at most the MAP fit's", "toy_gap_ratio": GAP_RATIO},
+        },
+        "environment": {"python": platform.python_version(), "tensorflow": tf.__version__, "keras": keras.__version__,
+                        "machine": platform.machine(), "cpu_threads": 2},
+    }
+    report["diabetes"] = diabetes(args)
+    if not args.skip_toy:
+        figures, plot = toy(args)
+        report["toy"] = figures
+        plot_toy(plot, out / "toy_bands.png")
+    report["seconds"] = time.perf_counter() - start
+    (out / "results.json").write_text(json.dumps(report, indent=1))
+    (out / "tables.md").write_text(markdown_tables(report))
+    print(json.dumps(report["diabetes"]["summary"], indent=1))
+    print(json.dumps(report["diabetes"]["targets_met_on_splits"], indent=1))
+    if "toy" in report:
+        print(json.dumps({m: {k: v for k, v in f.items() if "gap" in k or "data" in k} for m, f in report["toy"].items()},
+                         indent=1))
+    print(f"{report['seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
