@@ -286,6 +286,9 @@ def note_pipeline_noise(model) -> None:
         "correction: draw batches with replacement (keras_thermo.data.random_minibatches, or "
         "fit on arrays, which does so by default).",
         type(model.sampler).__name__,
+    )
+
+
 # Models already told about their loss or their targets' scale: each warning comes once a model.
 _WARNED_ABOUT_MSE: weakref.WeakSet = weakref.WeakSet()
 _WARNED_ABOUT_TARGET_SCALE: weakref.WeakSet = weakref.WeakSet()
