@@ -8,6 +8,8 @@ tensors. `update` is a pure function of its inputs, which is what the one-step t
 
 from __future__ import annotations
 
+import inspect
+
 from typing import Any, NamedTuple, Sequence
 
 import keras
@@ -17,6 +19,7 @@ from keras_thermo import random as kt_random
 from keras_thermo._validation import check_int, check_optional_positive, check_positive
 from keras_thermo.samplers import integrators
 from keras_thermo.samplers import preconditioning as kt_preconditioning
+from keras_thermo.samplers import units
 
 Tensors = list[tf.Tensor]
 
@@ -147,6 +150,26 @@ class Sampler:
         self._setting_variables = {}
         self.step_size = step_size
         self.preconditioner = kt_preconditioning.get(preconditioner)
+
+    @classmethod
+    def from_learning_rate(cls, learning_rate: float, momentum: float, *, num_examples: int, **options):
+        """The sampler whose step, without its noise, is `keras.optimizers.SGD(learning_rate,
+        momentum)` on the mean loss of `num_examples` examples: `h = sqrt(lr M / N)`, `A = (1 -
+        momentum) / h` (`keras_thermo.samplers.units`). For the samplers with a `friction`
+        (SGHMC, SGNHT, CCAdL, mCCAdL); `options` are the class's other arguments.
+
+        Example:
+            >>> sampler = kt.samplers.SGHMC.from_learning_rate(0.05, 0.9, num_examples=50_000)
+            >>> sampler.step_size, sampler.friction
+            (0.001, 100.0)
+        """
+        if "friction" not in inspect.signature(cls.__init__).parameters:
+            raise TypeError(
+                f"{cls.__name__} has no friction, so it has no SGD-with-momentum form; "
+                "from_learning_rate serves SGHMC, SGNHT, CCAdL and MCCAdL."
+            )
+        converted = units.from_learning_rate(learning_rate, momentum, num_examples, options.get("mass", 1.0))
+        return cls(**converted, **options)
 
     def __setattr__(self, name: str, value) -> None:
         if (
