@@ -116,11 +116,12 @@ class BayesianModel(SamplingStep, kt_chains.ChainWeights, keras.Model):
         >>> net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
         >>> model = kt.BayesianModel(net, kt.samplers.SGHMC(step_size=1e-3), num_examples=64,
         ...                          prior=kt.priors.Gaussian(1.0), seed=0)
-        >>> model.compile(loss="mse")
+        >>> model.compile(loss=kt.losses.GaussianNLL(scale=0.5))
         >>> x, y = np.random.rand(64, 3), np.random.rand(64, 1)
         >>> history = model.fit(x, y, batch_size=16, epochs=1, verbose=0)
-        >>> sorted(k for k in history.history if k != "loss")
-        ['configurational_temperature', 'kinetic_temperature', 'potential', 'step_size']
+        >>> sorted(k for k in history.history if k != "loss")  # the step's, then the temperature check's
+        ['configurational_temperature', 'equilibrated', 'equilibration_step', 'kinetic_temperature',
+         'mean_configurational_temperature', 'mean_kinetic_temperature', 'potential', 'step_size']
     """
 
     def __init__(

@@ -1,18 +1,20 @@
-"""The runnable examples in the docstrings of the prediction, diagnostics, schedule and prior
-modules, of the preconditioners and of the benchmark runner, run and print what they show
-(doctest)."""
+"""The runnable examples in the docstrings of the prediction, diagnostics, temperature-check,
+schedule and prior modules, of BayesianModel, the sampler base and units, the preconditioners
+and the benchmark runner, run and print what they show (doctest)."""
 
 import doctest
 
 import pytest
 
 from benchmarks import run
-from keras_thermo import _recording, chains, diagnostics, metrics, posterior, priors, random, schedules
-from keras_thermo.samplers import preconditioning
+from keras_thermo import _recording, chains, diagnostics, equilibration, metrics, model, posterior, priors, random, schedules
+from keras_thermo.samplers import base, preconditioning, units
 
 
 @pytest.mark.parametrize(
-    "module", [metrics, diagnostics, posterior, _recording, schedules, priors, preconditioning, chains, random, run],
+    "module",
+    [metrics, diagnostics, posterior, _recording, schedules, priors, preconditioning, chains, random, run,
+     equilibration, model, base, units],
     ids=lambda m: m.__name__,
 )
 def test_docstring_examples_run(module):

@@ -159,6 +159,7 @@ class Sampler:
         (SGHMC, SGNHT, CCAdL, mCCAdL); `options` are the class's other arguments.
 
         Example:
+            >>> import keras_thermo as kt
             >>> sampler = kt.samplers.SGHMC.from_learning_rate(0.05, 0.9, num_examples=50_000)
             >>> sampler.step_size, sampler.friction
             (0.001, 100.0)
