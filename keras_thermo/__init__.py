@@ -22,13 +22,14 @@ from keras_thermo import (  # noqa: E402
 )
 # `kt.random` (chain seeds), kept out of `__all__`: a star import must not shadow the standard module.
 from keras_thermo import random  # noqa: E402,F401
-from keras_thermo.model import BayesianModel, SamplerDivergedError  # noqa: E402
+from keras_thermo.model import BayesianModel, SamplerCollapsedError, SamplerDivergedError  # noqa: E402
 from keras_thermo.posterior import evaluate_posterior, predict_posterior  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BayesianModel",
+    "SamplerCollapsedError",
     "SamplerDivergedError",
     "callbacks",
     "chains",

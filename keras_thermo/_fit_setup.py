@@ -13,6 +13,7 @@ from keras_thermo import data as kt_data
 from keras_thermo import equilibration as kt_equilibration
 from keras_thermo._distribute import symbolic_inputs
 from keras_thermo._recording import RecordingCallback
+from keras_thermo.step import COLLAPSED_RELATIVE_SPREAD
 
 
 def first_batch_inputs(x, y, batch_size):
@@ -116,9 +117,19 @@ def attach_recorders(model, callbacks) -> None:
 
 
 class DivergenceGuard(keras.callbacks.Callback):
-    """Stops `fit` cleanly at the end of the execution in which a step went non-finite."""
+    """Stops `fit` cleanly at the end of the execution in which a step went non-finite, and at
+    the end of an epoch whose last step found the net collapsed (`step.output_spread`)."""
 
     def on_train_batch_end(self, batch, logs=None):
         runtime = self.model._runtime
         if int(runtime.diverged_at.numpy()) >= 0 or int(runtime.uneven_batch.numpy()) >= 0:
+            self.model.stop_training = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        spread = float((logs or {}).get("output_spread", float("nan")))
+        runtime = self.model._runtime
+        if spread > COLLAPSED_RELATIVE_SPREAD:
+            runtime.outputs_have_differed = True
+        elif spread <= COLLAPSED_RELATIVE_SPREAD and runtime.outputs_have_differed:
+            runtime.collapsed_at = int(self.model.sampler_step)
             self.model.stop_training = True

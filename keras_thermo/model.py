@@ -36,7 +36,7 @@ from keras_thermo.step import SamplingStep, _Runtime
 
 # Importable from here too, where they were first defined.
 from keras_thermo._fit_checks import check_float32_variables  # noqa: F401
-from keras_thermo.step import SamplerDivergedError, all_finite, configurational_temperature  # noqa: F401
+from keras_thermo.step import SamplerCollapsedError, SamplerDivergedError, all_finite, configurational_temperature  # noqa: F401
 
 #: How per-example gradient statistics are computed (samplers that need them: CCAdL, mCCAdL).
 PER_EXAMPLE_METHODS = ("auto", "layers", "vectorized", "dense_layers")
@@ -503,7 +503,10 @@ class BayesianModel(SamplingStep, kt_chains.ChainWeights, keras.Model):
     def fit(self, *args, with_replacement: bool = True, **kwargs):
         """`keras.Model.fit`, plus: builds the sampler state before the step is compiled, wires
         recording callbacks into the compiled step, and raises `SamplerDivergedError` if a step
-        went non-finite (the model then holds the last finite state).
+        went non-finite (the model then holds the last finite state), or its subclass
+        `SamplerCollapsedError` at the end of an epoch whose last batch the net, after
+        predicting different outputs before, predicts the same output for every example of
+        (train logs: `output_spread`, `keras_thermo.step.output_spread`).
 
         Arrays (`x`, `y`, `sample_weight` as numpy arrays or tensors) are drawn in minibatches
         *with replacement* (the papers' protocol): every minibatch is an independent draw, so

@@ -38,6 +38,41 @@ class SamplerDivergedError(FloatingPointError):
         self.step = step
 
 
+class SamplerCollapsedError(SamplerDivergedError):
+    """Raised by `fit` when the net's outputs became the same for every example of a batch
+    whose inputs differ (a ReLU layer inactive on the whole batch, a saturated layer): a chain
+    there has lost what it learned and rarely comes back. The model keeps the state it reached."""
+
+
+#: Outputs whose spread over a batch is below this fraction of their size count as identical:
+#: identical rows pushed through matrix products differ by a few float32 roundings (~1e-7).
+COLLAPSED_RELATIVE_SPREAD = 1e-5
+
+
+def output_spread(x, y_pred) -> tf.Tensor:
+    """How much the net's outputs differ across the batch, relative to their size: the largest
+    range (max - min over the batch) of any output unit over `1 + max |output|`. NaN when the
+    inputs are identical across the batch (or the batch has one example): then equal outputs say
+    nothing."""
+
+    def rows(tree):
+        leaves = [tf.convert_to_tensor(t) for t in tf.nest.flatten(tree) if t is not None]
+        return [
+            tf.reshape(tf.cast(t, tf.float32), [tf.shape(t)[0], -1]) for t in leaves
+            if t.dtype.is_floating or t.dtype.is_integer
+        ]
+
+    def largest_range(tensors):
+        return tf.reduce_max(tf.stack([tf.reduce_max(tf.reduce_max(t, 0) - tf.reduce_min(t, 0)) for t in tensors]))
+
+    outputs = rows(y_pred)
+    size = tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(t)) for t in outputs]))
+    spread = largest_range(outputs) / (1.0 + size)
+    inputs = rows(x)
+    inputs_differ = largest_range(inputs) > 0 if inputs else tf.constant(True)
+    return tf.where(inputs_differ, spread, tf.constant(float("nan")))
+
+
 class _Runtime:
     """Per-session objects the train step uses but that are not part of the saved model.
 
@@ -58,6 +93,10 @@ class _Runtime:
         # The size of a batch that did not split over the chains (-1: none yet), see `fit`.
         self.uneven_batch = replica_local_variable(tf.constant(-1, tf.int64), name="uneven_batch")
         self.state_structure = None
+        # Collapse detection (`DivergenceGuard`): whether the outputs have differed across a
+        # batch in this session, and the step at which they stopped differing (None: not seen).
+        self.outputs_have_differed = False
+        self.collapsed_at: int | None = None
 
 
 def configurational_temperature(params, force) -> tf.Tensor:
@@ -259,6 +298,9 @@ class SamplingStep:
             logs = self.compute_metrics(x, y, y_pred[k], sample_weight=sample_weight)  # chain means
         logs = dict(logs)
         logs["potential"] = _chain_mean(potential)
+        # The least of the chains: one collapsed chain shows (see `output_spread`).
+        spreads = [output_spread(batches[k][0], y_pred[k]) for k in chains]
+        logs["output_spread"] = spreads[0] if len(spreads) == 1 else tf.reduce_min(tf.stack(spreads))
         if self.temperature_schedule is not None:
             logs["temperature"] = temperature
         per_chain_logs = {"configurational_temperature": whole_net_configurational or [
@@ -474,6 +516,9 @@ class SamplingStep:
                 "chain_minibatches='shared'."
             )
         step = int(self._runtime.diverged_at.numpy())
+        if step < 0 and self._runtime.collapsed_at is not None:
+            collapsed_at, self._runtime.collapsed_at = self._runtime.collapsed_at, None
+            raise SamplerCollapsedError(self._collapse_message(collapsed_at), step=collapsed_at)
         if step >= 0:
             raise SamplerDivergedError(
                 f"Sampler {type(self.sampler).__name__} produced a non-finite value at step {step} "
@@ -483,3 +528,25 @@ class SamplingStep:
                 "step_size or increase friction.",
                 step=step,
             )
+
+    def _collapse_message(self, step: int) -> str:
+        h = self.sampler.step_size
+        fixed = isinstance(h, (int, float))
+        sgd = ""
+        friction = getattr(self.sampler, "friction", None)
+        if fixed and isinstance(friction, (int, float)) and self.num_examples:
+            terms = kt_samplers.units.to_learning_rate(h, friction, self.num_examples, getattr(self.sampler, "mass", 1.0) or 1.0)
+            sgd = (
+                f" In SGD's terms this step is learning rate {terms['learning_rate']:.4g} with momentum "
+                f"{terms['momentum']:.4g} (keras_thermo.samplers.units.to_learning_rate)."
+            )
+        advice = f"try step_size={h / 4:.3g} (a quarter)" if fixed else "lower the step-size schedule"
+        return (
+            f"Sampler {type(self.sampler).__name__} collapsed by step {step}: the net now predicts the "
+            "same output for every example of a batch whose inputs differ (a ReLU layer inactive "
+            "on the whole batch, or a saturated layer), after its outputs had differed; such a "
+            "chain has lost what it learned and rarely comes back. The model holds the state it "
+            f"reached. Likely cause: step_size={f'{h:.4g}' if fixed else repr(h)} is too large for this "
+            f"net and data size.{sgd} "
+            f"Restart from a fresh net and {advice}, or increase friction."
+        )
