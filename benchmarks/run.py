@@ -1025,6 +1025,17 @@ def _evaluation_schedule(config: dict, method: dict, steps_per_epoch: int, sampl
     }
 
 
+def _tie_warmup_to_burn_in(sampler, method: dict, schedule: dict) -> None:
+    """A thermostat sampler's warm-up ends by the burn-in (the fixed one, or `max_burn_in` with
+    `auto`) unless the method's options give `warmup_steps`: averaging then starts on the
+    papers' dynamics, also in runs shorter than the default warm-up."""
+    if not hasattr(sampler, "warmup_steps") or "warmup_steps" in method.get("options", {}):
+        return
+    burn_in = schedule["max_burn_in_steps"] if schedule["burn_in_steps"] == "auto" else schedule["burn_in_steps"]
+    if burn_in is not None:
+        sampler.warmup_steps = min(sampler.warmup_steps, int(burn_in))
+
+
 def _json_safe(value: Any) -> Any:
     """Plain JSON: numpy scalars to Python, NaN and infinities to None."""
     if isinstance(value, dict):
@@ -1147,6 +1158,7 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
         temperature = build_temperature(method, steps_per_epoch)
         ramp_end = temperature.constant_from_step() if not isinstance(temperature, float) else 0
         schedule = _evaluation_schedule(config, method, steps_per_epoch, sampler, earliest_burn_in=ramp_end)
+        _tie_warmup_to_burn_in(sampler, method, schedule)
         num_bins = schedule["num_bins"]
         with scope():
             model = kt.BayesianModel(

@@ -357,6 +357,18 @@ class EquilibrationCheck(keras.callbacks.Callback):
         self._drain()
         if self._writer is not None:
             self._writer.flush()
+        start = self.recording_started_at
+        if self._linked and (start is None or start > self._step):
+            names = ", ".join(sorted({type(cb).__name__ for cb in self._linked}))
+            waits = f"is due to start at step {start}" if start is not None else "has not started"
+            warnings.warn(
+                f"{names}: the recording {waits}, and the run ended at step {self._step}: no sample "
+                f"was taken. It starts when the run is at T, never before step "
+                f"{self._earliest_recording_step} (the end of the sampler's warm-up or of the "
+                "temperature ramp); run longer, or give the sampler a shorter warmup_steps.",
+                UserWarning,
+                stacklevel=2,
+            )
         if self.warn == "end" and not self._warned:
             report = self.report()
             if report["equilibrated"] is False:

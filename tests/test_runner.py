@@ -702,3 +702,20 @@ def test_reported_and_ood_runs_fall_back_when_the_choice_diverges(monkeypatch, t
             f"fallback: step_size={other['settings']['step_size']:g})")
     assert f"| step_size={tuning['chosen']['step_size']:g} {note} |" in table
     assert f"| SGNHT {run._fallback_note(ood_record['fallback'])} |" in table  # the OOD study's row
+
+
+def test_a_thermostat_samplers_warmup_ends_by_the_burn_in_unless_the_method_sets_it():
+    method = {"label": "SGNHT", "sampler": "sgnht", "options": {"step_size": 1e-2}}
+    for schedule, expected in [
+        ({"burn_in_steps": "auto", "max_burn_in_steps": 210}, 210),
+        ({"burn_in_steps": 300, "max_burn_in_steps": None}, 300),
+        ({"burn_in_steps": 5000, "max_burn_in_steps": None}, 1000),  # the default, shorter already
+        ({"burn_in_steps": "auto", "max_burn_in_steps": None}, 1000),
+    ]:
+        sampler = run.build_sampler(method)
+        run._tie_warmup_to_burn_in(sampler, method, schedule)
+        assert sampler.warmup_steps == expected, schedule
+    given = dict(method, options={"step_size": 1e-2, "warmup_steps": 700})
+    sampler = run.build_sampler(given)
+    run._tie_warmup_to_burn_in(sampler, given, {"burn_in_steps": 100, "max_burn_in_steps": None})
+    assert sampler.warmup_steps == 700

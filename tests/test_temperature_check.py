@@ -91,3 +91,12 @@ def test_a_user_check_replaces_the_default_and_a_second_fit_keeps_the_compiled_s
     step_function = model.train_function
     model.fit(np.zeros((BATCH, NUM_FEATURES), np.float32), np.zeros((BATCH, 1), np.float32), batch_size=BATCH, epochs=1, verbose=0)
     assert model.train_function is step_function  # the default check kept its recorder
+
+
+def test_a_recording_linked_to_a_check_that_the_warmup_holds_back_says_so():
+    model = _model(warmup_steps=5000, seed=0)
+    check = kt.callbacks.EquilibrationCheck(max_burn_in_steps=500)
+    collector = kt.callbacks.SampleCollector(burn_in_steps=check)
+    history, messages = _fit(model, STEPS_COLD, [check, collector])
+    assert collector.samples.shape[0] == 0
+    assert any("is due to start at step 5000" in m and "warmup_steps" in m for m in messages), messages
