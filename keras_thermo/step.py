@@ -58,6 +58,8 @@ class _Runtime:
         # The size of a batch that did not split over the chains (-1: none yet), see `fit`.
         self.uneven_batch = replica_local_variable(tf.constant(-1, tf.int64), name="uneven_batch")
         self.state_structure = None
+        # `(value, step)`: the last finite `step_size_limit` a fit logged (CCAdL), else None.
+        self.last_step_size_limit = None
 
 
 def configurational_temperature(params, force) -> tf.Tensor:
@@ -478,8 +480,26 @@ class SamplingStep:
             raise SamplerDivergedError(
                 f"Sampler {type(self.sampler).__name__} produced a non-finite value at step {step} "
                 f"(force, momentum, thermostat or weights); the model holds the last finite state, "
-                f"reached after {step} steps. Likely cause: the step size "
-                f"{self.sampler.step_size!r} is too large for the gradient-noise level; reduce "
-                "step_size or increase friction.",
+                f"reached after {step} steps. " + self._divergence_advice(),
                 step=step,
             )
+
+    def _divergence_advice(self) -> str:
+        """What to change after a divergence: for a sampler that logs `step_size_limit` (CCAdL),
+        the last finite value, the largest step its covariance friction can integrate."""
+        step_size = self.sampler.step_size
+        limit = self._runtime.last_step_size_limit
+        if limit is None:
+            return (
+                f"Likely cause: the step size {step_size!r} is too large for the gradient-noise "
+                "level; reduce step_size or increase friction."
+            )
+        value, at = limit
+        return (
+            f"Its covariance estimate's step_size_limit was {value:.3g} when last logged (after "
+            f"{at} steps): the explicit covariance friction multiplies the momentum by "
+            "1 - (h^2/2) beta lambda along the noisiest direction, and grows it once h is above "
+            f"that limit. step_size is {step_size!r}; use step_size below {value:.3g} (e.g. "
+            f"{0.5 * value:.3g}, which leaves room for the noise estimate to grow), a larger "
+            "batch, or MCCAdL, whose covariance step is exact and has no such limit."
+        )
