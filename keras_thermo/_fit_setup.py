@@ -117,11 +117,15 @@ def attach_recorders(model, callbacks) -> None:
 
 
 class DivergenceGuard(keras.callbacks.Callback):
-    """Stops `fit` cleanly at the end of the execution in which a step went non-finite, and at
-    the end of an epoch whose last step found the net collapsed (`step.output_spread`)."""
+    """Stops `fit` cleanly at the end of the execution in which a step went non-finite (keeping
+    the last finite `step_size_limit` logged, CCAdL, for the error that names it), and at the end
+    of an epoch whose last step found the net collapsed (`step.output_spread`)."""
 
     def on_train_batch_end(self, batch, logs=None):
         runtime = self.model._runtime
+        limit = (logs or {}).get("step_size_limit")
+        if limit is not None and math.isfinite(float(limit)) and float(limit) > 0:
+            runtime.last_step_size_limit = (float(limit), int(self.model.sampler_step))
         if int(runtime.diverged_at.numpy()) >= 0 or int(runtime.uneven_batch.numpy()) >= 0:
             self.model.stop_training = True
 

@@ -555,6 +555,7 @@ class BayesianModel(SamplingStep, kt_chains.ChainWeights, keras.Model):
         _fit_setup.attach_recorders(self, callbacks)
         self._runtime.diverged_at.assign(-1)
         self._runtime.uneven_batch.assign(-1)
+        self._runtime.last_step_size_limit = None
         guard = _fit_setup.DivergenceGuard()
         if isinstance(callbacks, keras.callbacks.CallbackList):
             callbacks.append(guard)

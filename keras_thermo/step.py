@@ -97,6 +97,8 @@ class _Runtime:
         # batch in this session, and the step at which they stopped differing (None: not seen).
         self.outputs_have_differed = False
         self.collapsed_at: int | None = None
+        # `(value, step)`: the last finite `step_size_limit` a fit logged (CCAdL), else None.
+        self.last_step_size_limit = None
 
 
 def configurational_temperature(params, force) -> tf.Tensor:
@@ -523,9 +525,7 @@ class SamplingStep:
             raise SamplerDivergedError(
                 f"Sampler {type(self.sampler).__name__} produced a non-finite value at step {step} "
                 f"(force, momentum, thermostat or weights); the model holds the last finite state, "
-                f"reached after {step} steps. Likely cause: the step size "
-                f"{self.sampler.step_size!r} is too large for the gradient-noise level; reduce "
-                "step_size or increase friction.",
+                f"reached after {step} steps. " + self._divergence_advice(),
                 step=step,
             )
 
@@ -549,4 +549,25 @@ class SamplingStep:
             f"reached. Likely cause: step_size={f'{h:.4g}' if fixed else repr(h)} is too large for this "
             f"net and data size.{sgd} "
             f"Restart from a fresh net and {advice}, or increase friction."
+        )
+
+    def _divergence_advice(self) -> str:
+        """What to change after a divergence: for a sampler that logs `step_size_limit` (CCAdL),
+        the last finite value, the largest step its covariance friction can integrate."""
+        step_size = self.sampler.step_size
+        step_size = f"{step_size:.4g}" if isinstance(step_size, (int, float)) else repr(step_size)
+        limit = self._runtime.last_step_size_limit
+        if limit is None:
+            return (
+                f"Likely cause: the step size {step_size} is too large for the gradient-noise "
+                "level; reduce step_size or increase friction."
+            )
+        value, at = limit
+        return (
+            f"Its covariance estimate's step_size_limit was {value:.3g} when last logged (after "
+            f"{at} steps): the explicit covariance friction multiplies the momentum by "
+            "1 - (h^2/2) beta lambda along the noisiest direction, and grows it once h is above "
+            f"that limit. step_size is {step_size}; use step_size below {value:.3g} (e.g. "
+            f"{0.5 * value:.3g}, which leaves room for the noise estimate to grow), a larger "
+            "batch, or MCCAdL, whose covariance step is exact and has no such limit."
         )

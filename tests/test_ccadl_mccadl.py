@@ -7,6 +7,7 @@ statistical check of `keras_thermo.testing`.
 """
 
 import math
+import re
 
 import keras
 import numpy as np
@@ -263,8 +264,10 @@ def test_ccadl_diverges_above_the_predicted_step_size_and_mccadl_does_not():
     model = _fit(CCAdL(0.6 * critical, friction=1.0), x, y, batch_size, steps=1024)
     assert all(np.isfinite(v.numpy()).all() for v in model.trainable_variables)
 
-    with pytest.raises(SamplerDivergedError, match="CCAdL"):
+    with pytest.raises(SamplerDivergedError, match="CCAdL") as info:
         _fit(CCAdL(1.4 * critical, friction=1.0), x, y, batch_size, steps=1024)
+    # The error names the last finite step_size_limit, below the step that diverged.
+    assert _named_step_sizes(str(info.value))[0] < 1.4 * critical
 
     # Stability only: at twice CCAdL's limit mCCAdL does not diverge, but its discretisation
     # bias is large (over 8 batch orders its end points had an RMS of ~2.2 posterior stds per
@@ -391,3 +394,29 @@ def test_ccadl_logs_the_step_size_its_covariance_estimate_allows():
     logs = model.train_on_batch(x, y, return_dict=True)
     assert logs["noise_scale"] > 0
     np.testing.assert_allclose(logs["step_size_limit"], np.sqrt(4.0 / (0.5 * logs["noise_scale"])), rtol=1e-5)
+
+
+def _named_step_sizes(message: str) -> tuple[float, float]:
+    """`(limit, suggestion)`: the step sizes a CCAdL divergence error names."""
+    assert "step_size_limit" in message, message
+    named = float(re.search(r"use step_size below ([0-9.e+-]+)", message).group(1))
+    suggested = float(re.search(r"\(e\.g\. ([0-9.e+-]+),", message).group(1))
+    return named, suggested
+
+
+@pytest.mark.slow
+def test_ccadl_divergence_error_names_a_step_size_that_works():
+    """The error of a diverged CCAdL run names its last finite `step_size_limit`, below the step
+    size that diverged, and half of it, with which the same problem runs (the default suite
+    checks the named limit in `test_ccadl_diverges_above_the_predicted_step_size_...`)."""
+    x, y = _regression_problem()
+    batch_size = 16
+    step_size = 1.4 * _critical_step_size(x, y, batch_size)
+    with pytest.raises(SamplerDivergedError) as info:
+        _fit(CCAdL(step_size, friction=1.0), x, y, batch_size, steps=256)
+    named, suggested = _named_step_sizes(str(info.value))
+    assert named < step_size
+    assert suggested == pytest.approx(0.5 * named, rel=1e-2)
+    model = _fit(CCAdL(suggested, friction=1.0), x, y, batch_size, steps=256)
+    assert model.sampler_step == 256
+

@@ -1,0 +1,182 @@
+"""CCAdL and mCCAdL against SGNHT on two small networks from Keras' default initialisation.
+
+- `conv`: Conv2D(16, 3x3) + Dense(10) on scikit-learn's 8x8 digits (1797 images, batch 64,
+  Gaussian prior std 1), T = 1;
+- `diabetes`: a 10-50-2 ReLU MLP (the docs' regression example) on scikit-learn's diabetes (first 353 rows train, last 89 test,
+  features and targets standardised on the training rows), `kt.losses.GaussianNLL()` with a
+  learned noise scale, batch 64, prior std 1, T = 1.
+
+Per run: the mean of each logged diagnostic (kinetic and configurational temperature, xi,
+noise_scale, step_size_limit for CCAdL) over each block of `--block` steps, and the test metric
+at the end (NLL of the posterior predictive mean on the digits' last 297 images, which are held
+out; RMSE of the posterior mean on the diabetes test rows, in standardised units, against the
+mean's 1.0), from samples every 10 steps after the warm-up.
+
+    python -m benchmarks.ccadl_networks --problem conv --samplers sgnht ccadl mccadl --steps 2000 \
+        --step-size 1e-3 --out benchmarks/results/ccadl_networks_conv.json
+    python -m benchmarks.ccadl_networks --problem diabetes --samplers sgnht ccadl mccadl --steps 6000 \
+        --step-size 3e-4 --out benchmarks/results/ccadl_networks_diabetes.json
+
+A run that the model stops (`SamplerDivergedError`) is recorded with its message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import keras
+import numpy as np
+
+import keras_thermo as kt
+
+LOGGED = ("kinetic_temperature", "configurational_temperature", "xi", "noise_scale", "step_size_limit", "potential")
+
+
+def problem(name: str, seed: int = 0):
+    """`(net, loss, x_train, y_train, x_test, y_test, batch_size)`."""
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(seed)
+    if name == "conv":
+        from sklearn.datasets import load_digits  # noqa: PLC0415
+
+        data = load_digits()
+        x = data.images.astype(np.float32)[..., None] / 16.0
+        y = data.target.astype(np.int32)
+        net = keras.Sequential([
+            keras.Input((8, 8, 1)), keras.layers.Conv2D(16, 3, activation="relu"),
+            keras.layers.Flatten(), keras.layers.Dense(10),
+        ])
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        return net, loss, x[:1500], y[:1500], x[1500:], y[1500:], 64
+    if name == "diabetes":
+        from sklearn.datasets import load_diabetes  # noqa: PLC0415
+
+        features, targets = load_diabetes(return_X_y=True)
+        features = features.astype(np.float32)
+        targets = targets.astype(np.float32)
+        train = slice(0, 353)
+        test = slice(353, None)
+        mean, std = features[train].mean(0), features[train].std(0)
+        features = (features - mean) / std
+        targets = (targets - targets[train].mean()) / targets[train].std()
+        net = keras.Sequential([
+            keras.Input((10,)), keras.layers.Dense(50, activation="relu"), keras.layers.Dense(2),
+        ])
+        return net, kt.losses.GaussianNLL(), features[train], targets[train], features[test], targets[test], 64
+    raise ValueError(f"`problem` must be 'conv' or 'diabetes', got {name!r}.")
+
+
+SAMPLERS = {
+    "sgnht": lambda h, w: kt.samplers.SGNHT(step_size=h, friction=1.0, warmup_steps=w),
+    "ccadl": lambda h, w: kt.samplers.CCAdL(step_size=h, friction=1.0, warmup_steps=w),
+    "mccadl": lambda h, w: kt.samplers.MCCAdL(step_size=h, friction=1.0, warmup_steps=w),
+}
+
+
+class BlockLog(keras.callbacks.Callback):
+    """Means of the logged diagnostics over blocks of `block` steps (one log per execution)."""
+
+    def __init__(self, block: int):
+        super().__init__()
+        self.block, self.rows, self._sums, self._count, self._last = block, [], {}, 0, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        for name in LOGGED:
+            if logs and name in logs:
+                self._sums[name] = self._sums.get(name, 0.0) + float(logs[name])
+        self._count += 1
+        step = int(self.model.sampler_step)
+        if step // self.block > self._last // self.block:
+            self._last = step
+            self.rows.append({"step": step, **{k: v / self._count for k, v in self._sums.items()}})
+            self._sums, self._count = {}, 0
+
+
+def run(name: str, sampler: str, step_size: float, steps: int, warmup: int, seed: int = 0, block: int = 100,
+        per_example_method: str | None = None) -> dict:
+    net, loss, x, y, x_test, y_test, batch_size = problem(name, seed)
+    model_kwargs = {} if per_example_method is None else {"per_example_method": per_example_method}
+    model = kt.BayesianModel(
+        net, sampler=SAMPLERS[sampler](step_size, warmup), num_examples=len(x),
+        prior=kt.priors.Gaussian(1.0), temperature=1.0, seed=seed, temperature_check=False, **model_kwargs,
+    )
+    model.compile(loss=loss, steps_per_execution=10)
+    log = BlockLog(block)
+    collector = kt.callbacks.SampleCollector(burn_in_steps=warmup, every_n_steps=10)
+    steps_per_epoch = int(np.ceil(len(x) / batch_size))
+    epochs = int(np.ceil(steps / steps_per_epoch))
+    start = time.perf_counter()
+    error = None
+    try:
+        model.fit(x, y, batch_size=batch_size, epochs=epochs, callbacks=[log, collector], verbose=0)
+    except Exception as exc:  # noqa: BLE001 (a diverged run is a result)
+        error = f"{type(exc).__name__}: {exc}"
+    result = {
+        "problem": name, "sampler": sampler, "sampler_config": model.sampler.get_config(), "steps": int(model.sampler_step),
+        "blocks": log.rows, "error": error, "seconds": time.perf_counter() - start,
+    }
+    samples = None if model.sampler_step <= warmup else collector.samples
+    count = 0 if samples is None else len(samples)
+    result["num_samples"] = count
+    if count and error is None:
+        result.update(test_metric(name, net, loss, samples, x_test, y_test))
+    return result
+
+
+def test_metric(name, net, loss, samples, x_test, y_test) -> dict:
+    outputs = []
+    shapes = [v.shape for v in net.trainable_variables]
+    for row in samples:
+        pieces = np.split(row, np.cumsum([int(np.prod(s)) for s in shapes])[:-1])
+        for variable, piece, shape in zip(net.trainable_variables, pieces, shapes):
+            variable.assign(piece.reshape(shape))
+        outputs.append(np.asarray(net(x_test)))
+    outputs = np.stack(outputs)
+    if name == "conv":
+        logits = outputs - outputs.max(-1, keepdims=True)
+        probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+        mean = probs.mean(0)
+        return {"test_nll": float(-np.mean(np.log(mean[np.arange(len(y_test)), y_test] + 1e-12))),
+                "test_accuracy": float(np.mean(mean.argmax(-1) == y_test))}
+    loc, scale = (np.asarray(t) for t in loss.parameters(outputs))
+    mean = loc[..., 0].mean(0)
+    return {"test_rmse": float(np.sqrt(np.mean((mean - y_test) ** 2))),
+            "mean_noise_std": float(scale[..., 0].mean())}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--problem", required=True, choices=["conv", "diabetes"])
+    parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS))
+    parser.add_argument("--step-size", type=float, required=True)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--warmup", type=int, default=1000)
+    parser.add_argument("--block", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--per-example-method", default=None)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    runs = []
+    for sampler in args.samplers:
+        result = run(args.problem, sampler, args.step_size, args.steps, args.warmup, args.seed, args.block,
+                     args.per_example_method)
+        runs.append(result)
+        last = result["blocks"][-3:]
+        print(sampler, {k: v for k, v in result.items() if k not in ("blocks", "sampler_config")}, flush=True)
+        for row in result["blocks"]:
+            print("   ", " ".join(f"{k}={v:.4g}" for k, v in row.items()), flush=True)
+        if args.out:
+            os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+            with open(args.out, "w") as handle:
+                json.dump({"command": "python -m benchmarks.ccadl_networks " + " ".join(sys.argv[1:] if argv is None else argv),
+                           "platform": platform.platform(), "runs": runs}, handle, indent=1)
+    return runs
+
+
+if __name__ == "__main__":
+    main()
