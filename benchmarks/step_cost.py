@@ -521,9 +521,9 @@ def covariance_breakdown(network: Network, mccadl_model: kt.BayesianModel, *, ji
     """Times the pieces of the CCAdL and mCCAdL steps on the first batch of the dataset.
 
     The pieces follow the model's per-example path. `"vectorized"`: the rows `G`
-    (`grads.per_example_gradients`), then `PerExampleGradients(G).diagonal_covariance()` (CCAdL)
+    (`per_example.per_example_gradients`), then `PerExampleGradients(G).diagonal_covariance()` (CCAdL)
     and `.covariance_factor()` (`Gc`, mCCAdL). `"dense_layers"`: the per-layer factors
-    (`dense_gradients.dense_layer_gradients`, whose `covariance_factor()` is an operator over
+    (`per_example.dense_layers.dense_layer_gradients`, whose `covariance_factor()` is an operator over
     them, so there is no separate factor piece), then their `column_sums_of_squares()`. The C
     step acts on the model's current momentum with the `tau` of a full batch.
     """

@@ -4,7 +4,11 @@ run when a module loads)."""
 from __future__ import annotations
 
 import ast
+import importlib
 import pathlib
+import sys
+
+import pytest
 
 import keras_thermo
 
@@ -72,3 +76,67 @@ def test_the_package_has_no_import_circle():
 def test_the_circle_finder_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+# Modules kept for one release as re-exports of names that moved; they warn when imported, and
+# nothing in the package or the benchmarks may import them.
+DEPRECATED_MODULES = {  # old module -> the home of its names
+    "keras_thermo.grads": "keras_thermo.per_example",
+    "keras_thermo.dense_gradients": "keras_thermo.per_example.dense_layers",
+}
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+
+
+def imported_modules(path: pathlib.Path) -> set[str]:
+    """Every module `path` imports anywhere (module level or inside functions), as dotted names:
+    `import a.b` gives `a.b`; `from a import b` gives `a` and `a.b`."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def deprecated_imports(roots=(PACKAGE, BENCHMARKS)) -> list[str]:
+    """`"<file> imports <module>"` for each import of a deprecated module under `roots` (the
+    deprecated modules themselves left out), files named relative to their root's parent."""
+    bad = []
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            if root == PACKAGE and _module_name(path) in DEPRECATED_MODULES:
+                continue
+            for name in sorted(imported_modules(path) & set(DEPRECATED_MODULES)):
+                bad.append(f"{path.relative_to(root.parent).as_posix()} imports {name}")
+    return bad
+
+
+def test_nothing_in_the_package_or_benchmarks_imports_a_deprecated_module():
+    assert deprecated_imports() == []
+
+
+def test_the_deprecated_import_finder_finds_them(tmp_path):
+    root = tmp_path / "pkg"
+    root.mkdir()
+    (root / "a.py").write_text("def f():\n    from keras_thermo import grads\n")
+    (root / "b.py").write_text("import keras_thermo.dense_gradients as d\n")
+    (root / "c.py").write_text("from keras_thermo.per_example import dense_layers\n")
+    assert deprecated_imports([root]) == [
+        "pkg/a.py imports keras_thermo.grads",
+        "pkg/b.py imports keras_thermo.dense_gradients",
+    ]
+
+
+@pytest.mark.parametrize("old", sorted(DEPRECATED_MODULES))
+def test_a_deprecated_module_warns_on_import_and_re_exports_the_same_names(old):
+    new = importlib.import_module(DEPRECATED_MODULES[old])
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated.*{DEPRECATED_MODULES[old]}") as caught:
+        __import__(old)  # an import statement's call, with no importlib frame of its own
+    assert [w.filename for w in caught] == [__file__]  # points at the importing line
+    module = sys.modules[old]
+    assert module.__all__
+    for name in module.__all__:
+        assert getattr(module, name) is getattr(new, name), name
