@@ -7,12 +7,14 @@ import doctest
 import pytest
 
 from benchmarks import run
-from keras_thermo import _recording, chains, diagnostics, metrics, posterior, priors, random, schedules
+from keras_thermo import _recording, chains, diagnostics, posterior, priors, random, schedules
+from keras_thermo.metrics import classification, mixture
 from keras_thermo.samplers import preconditioning
 
 
 @pytest.mark.parametrize(
-    "module", [metrics, diagnostics, posterior, _recording, schedules, priors, preconditioning, chains, random, run],
+    "module",
+    [classification, mixture, diagnostics, posterior, _recording, schedules, priors, preconditioning, chains, random, run],
     ids=lambda m: m.__name__,
 )
 def test_docstring_examples_run(module):
