@@ -147,7 +147,7 @@ def from_arrays(
         label_noise: Fraction of labels permuted at the start of every pass, in `[0, 1]`.
         flatten: Reshape each example to a vector.
         squeeze_channels: Drop a trailing channel axis of size 1: `(28, 28, 1) -> (28, 28)`,
-            the row-sequence layout of `models.fashion_mnist_lstm`.
+            the row-sequence layout of `networks.fashion_mnist_lstm`.
         scale: Multiplier applied after the cast to float32; None for none.
         drop_remainder: Drop the last batch of a pass when it is smaller than `batch_size`.
         with_replacement: Every pass draws its N examples independently with replacement

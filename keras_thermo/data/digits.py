@@ -113,7 +113,7 @@ def load_digits(
 
     The split and `classes` are those of `digits_arrays`; batching, shuffling, label noise and
     `examples` (a subset of the split, e.g. a validation part) those of `from_arrays`. Examples
-    are `(64,)` vectors by default (`models.digits_mlp`).
+    are `(64,)` vectors by default (`networks.digits_mlp`).
 
     Example:
         >>> data = load_digits("train", batch_size=32)
@@ -140,7 +140,7 @@ def load_digits(
 
 
 def load_digits_7_vs_9(split: str = "train", **kwargs: Any) -> ClassificationData:
-    """Binary digits task, 7 -> label 0 and 9 -> label 1, for `models.logistic_regression`.
+    """Binary digits task, 7 -> label 0 and 9 -> label 1, for `networks.logistic_regression`.
 
     Keyword arguments are those of `load_digits` (except `classes`).
 

@@ -169,7 +169,7 @@ def load_classification(
 def load_emnist_balanced(split: str = "train", **kwargs: Any) -> ClassificationData:
     """EMNIST Balanced: 47 classes of 28x28x1 handwritten characters (112,800 / 18,800).
 
-    Used with `models.emnist_mlp` and `flatten=True`. Keyword arguments are those of
+    Used with `networks.emnist_mlp` and `flatten=True`. Keyword arguments are those of
     `load_classification`. TFDS stores EMNIST images transposed relative to MNIST; an MLP
     does not care.
     """
@@ -188,14 +188,14 @@ def load_mnist(split: str = "train", **kwargs: Any) -> ClassificationData:
 def load_fashion_mnist(split: str = "train", **kwargs: Any) -> ClassificationData:
     """Fashion-MNIST: 10 classes of 28x28x1 images (60,000 / 10,000).
 
-    Used with `models.fashion_mnist_lstm` and `squeeze_channels=True`. Keyword arguments are
+    Used with `networks.fashion_mnist_lstm` and `squeeze_channels=True`. Keyword arguments are
     those of `load_classification`.
     """
     return load_classification(FASHION_MNIST, split, **kwargs)
 
 
 def load_cifar10(split: str = "train", **kwargs: Any) -> ClassificationData:
-    """CIFAR-10: 10 classes of 32x32x3 images (50,000 / 10,000), for `models.cifar10_cnn`.
+    """CIFAR-10: 10 classes of 32x32x3 images (50,000 / 10,000), for `networks.cifar10_cnn`.
 
     Keyword arguments are those of `load_classification`.
     """

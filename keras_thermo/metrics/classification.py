@@ -253,7 +253,7 @@ def expected_calibration_error(probs: Any, labels: Any, num_bins: int = 15) -> f
 def probabilities_from_logits(logits: Any) -> np.ndarray:
     """Softmax of `[n, K]` logits in float64; a single column `[n, 1]` is a binary logit.
 
-    A binary logit `z` (a `Dense(1)` output, as in `models.logistic_regression`) becomes the
+    A binary logit `z` (a `Dense(1)` output, as in `networks.logistic_regression`) becomes the
     two-class distribution `[1 - sigmoid(z), sigmoid(z)]`, i.e. the softmax of `[0, z]`.
 
     Example:
