@@ -85,6 +85,7 @@ DEPRECATED_MODULES = {  # old module -> the home of its names
     "keras_thermo.grads": "keras_thermo.per_example",
     "keras_thermo.dense_gradients": "keras_thermo.per_example.dense_layers",
     "keras_thermo.models": "keras_thermo.networks",
+    "keras_thermo._histograms": "keras_thermo.tact_histograms",
 }
 BENCHMARKS = PACKAGE.parent / "benchmarks"
 # The one import of a deprecated module allowed: the package's `__getattr__` keeping `kt.models`.
