@@ -1,7 +1,7 @@
 """Several chains in one `fit`: the cost of C = 4 chains against one, and shared minibatches' effect
 on R-hat.
 
-Cost. For the digits MLP (64-50-10) and the EMNIST MLP (`keras_thermo.models.emnist_mlp`) with
+Cost. For the digits MLP (64-50-10) and the EMNIST MLP (`keras_thermo.networks.emnist_mlp`) with
 SGNHT and mCCAdL (the hyperparameters of `benchmarks.step_cost`), one model with one chain and one
 with four chains for each `chain_method` ("vectorized": one `tf.vectorized_map` over the chain
 axis for the forward/backward passes; "loop": C passes in the compiled step), all from the same

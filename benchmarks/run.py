@@ -26,7 +26,7 @@ Config schema (keys not listed are errors):
       label_noise: [0.0, 0.2]          # fractions permuted each epoch (Table 1's columns)
       eval_batch_size: 1000            # batch size for test-set predictions
     model:
-      builder: digits_mlp              # a function of keras_thermo.models
+      builder: digits_mlp              # a function of keras_thermo.networks
       options: {hidden: 50}
     training:
       epochs: 60
@@ -736,11 +736,11 @@ def build_net(config: dict, seed: int):
     """The config's network with the initial weights fixed by `seed` (same for every method)."""
     import keras  # noqa: PLC0415
 
-    from keras_thermo import models as kt_models  # noqa: PLC0415
+    from keras_thermo import networks as kt_networks  # noqa: PLC0415
 
-    builder = getattr(kt_models, str(config["model"]["builder"]), None)
+    builder = getattr(kt_networks, str(config["model"]["builder"]), None)
     if builder is None or not callable(builder):
-        raise ConfigError(f"`model.builder` {config['model']['builder']!r} is not a function of keras_thermo.models.")
+        raise ConfigError(f"`model.builder` {config['model']['builder']!r} is not a function of keras_thermo.networks.")
     keras.utils.set_random_seed(seed)
     return builder(**config["model"]["options"])
 

@@ -105,7 +105,7 @@ from keras_thermo import per_example
 from keras_thermo.per_example import engine as kt_engine
 from keras_thermo import random as kt_random
 from keras_thermo import linalg as kt_linalg
-from keras_thermo import models as kt_models
+from keras_thermo import networks as kt_networks
 from keras_thermo.samplers import mccadl as kt_mccadl
 from keras_thermo.samplers.mccadl import covariance_step
 
@@ -235,17 +235,17 @@ NETWORKS: dict[str, Network] = {
     network.name: network
     for network in (
         # Luo et al. (2018), sec. 5.2: (eta, c) = (0.0015, 0.05), (0.0012, 0.15), (0.0010, 0.10).
-        _paper_network("emnist_mlp", kt_models.emnist_mlp, (784,), 47, 128, 112_800, 0.0015, 0.05, "mlp",
+        _paper_network("emnist_mlp", kt_networks.emnist_mlp, (784,), 47, 128, 112_800, 0.0015, 0.05, "mlp",
                        timed_steps=200),
         # LSTM(128) as users write it (unroll=False); the vectorized path needs it unrolled.
-        _paper_network("fashion_mnist_lstm", lambda: kt_models.fashion_mnist_lstm(unroll=False), (28, 28), 10,
+        _paper_network("fashion_mnist_lstm", lambda: kt_networks.fashion_mnist_lstm(unroll=False), (28, 28), 10,
                        64, 60_000, 0.0012, 0.15, "lstm", timed_steps=100,
-                       build_vectorized=lambda: kt_models.fashion_mnist_lstm(unroll=True)),
-        _paper_network("cifar10_cnn", kt_models.cifar10_cnn, (32, 32, 3), 10, 64, 50_000, 0.0010, 0.10, "cnn",
+                       build_vectorized=lambda: kt_networks.fashion_mnist_lstm(unroll=True)),
+        _paper_network("cifar10_cnn", kt_networks.cifar10_cnn, (32, 32, 3), 10, 64, 50_000, 0.0010, 0.10, "cnn",
                        timed_steps=100),
         # configs/digits.yaml: mCCAdL's tuned h = 5e-3, A = 10 on N = 1346. Its SGD step takes
         # well under a millisecond, hence the longer timed fits.
-        Network("digits_mlp", kt_models.digits_mlp, (64,), 10, 32, 1346, 5e-3, 10.0, "mlp", timed_steps=1000),
+        Network("digits_mlp", kt_networks.digits_mlp, (64,), 10, 32, 1346, 5e-3, 10.0, "mlp", timed_steps=1000),
     )
 }
 
@@ -521,9 +521,9 @@ def covariance_breakdown(network: Network, mccadl_model: kt.BayesianModel, *, ji
     """Times the pieces of the CCAdL and mCCAdL steps on the first batch of the dataset.
 
     The pieces follow the model's per-example path. `"vectorized"`: the rows `G`
-    (`grads.per_example_gradients`), then `PerExampleGradients(G).diagonal_covariance()` (CCAdL)
+    (`per_example.per_example_gradients`), then `PerExampleGradients(G).diagonal_covariance()` (CCAdL)
     and `.covariance_factor()` (`Gc`, mCCAdL). `"dense_layers"`: the per-layer factors
-    (`dense_gradients.dense_layer_gradients`, whose `covariance_factor()` is an operator over
+    (`per_example.dense_layers.dense_layer_gradients`, whose `covariance_factor()` is an operator over
     them, so there is no separate factor piece), then their `column_sums_of_squares()`. The C
     step acts on the model's current momentum with the `tau` of a full batch.
     """

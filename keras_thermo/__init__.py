@@ -17,7 +17,7 @@ if _backend != "tensorflow":
     )
 
 from keras_thermo import (  # noqa: E402
-    callbacks, chains, data, diagnostics, losses, metrics, models, per_example, priors, regression, samplers,
+    callbacks, chains, data, diagnostics, losses, metrics, networks, per_example, priors, regression, samplers,
     schedules,
 )
 # `kt.random` (chain seeds), kept out of `__all__`: a star import must not shadow the standard module.
@@ -38,7 +38,7 @@ __all__ = [
     "evaluate_posterior",
     "losses",
     "metrics",
-    "models",
+    "networks",
     "per_example",
     "predict_posterior",
     "priors",
@@ -46,3 +46,12 @@ __all__ = [
     "samplers",
     "schedules",
 ]
+
+
+def __getattr__(name):
+    # `kt.models`, the old name of `kt.networks`, imported on first use (it warns when imported).
+    if name == "models":
+        import keras_thermo.models  # noqa: PLC0415
+
+        return keras_thermo.models
+    raise AttributeError(f"module 'keras_thermo' has no attribute {name!r}")

@@ -10,7 +10,7 @@ device (no strategy, or one replica) every method is the identity.
 Why gathers and not all-reduces inside loops: `MirroredStrategy` synchronises replicas through
 `merge_call`, which TensorFlow refuses inside a `tf.while_loop` body. The adaptive Taylor method
 of the C step is such a loop, so its products cannot all-reduce per iteration; the per-example
-quantities it needs are gathered once per step instead (see `keras_thermo.grads`).
+quantities it needs are gathered once per step instead (see `keras_thermo.per_example`).
 """
 
 from __future__ import annotations

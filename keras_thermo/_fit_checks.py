@@ -14,8 +14,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_thermo import dense_gradients as kt_dense_gradients
 from keras_thermo import losses as kt_losses
+from keras_thermo.per_example import dense_layers as kt_dense_layers
 from keras_thermo import per_example as kt_per_example
 from keras_thermo._outputs import check_outputs_match_loss
 from keras_thermo._validation import check_positive
@@ -216,7 +216,7 @@ def check_per_example_method(model) -> None:
         # No per-example path takes these layers: refuse now rather than name a fallback.
         kt_per_example.check_per_example_compatible(model.net, recurrent_loops=True)
     if model.per_example_method == "dense_layers":
-        reason = kt_dense_gradients.dense_layer_incompatibility(model.net)
+        reason = kt_dense_layers.dense_layer_incompatibility(model.net)
     elif model.per_example_method in ("layers", "auto"):
         reason = kt_per_example.incompatibility(model.net)
     else:

@@ -5,10 +5,10 @@ see individual steps record inside the compiled train step into a small buffer o
 that they drain after each execution (`ParameterRecorder`, `keras_thermo._recording`).
 """
 
-from keras_thermo._histograms import TACTHistograms
 from keras_thermo._recording import ParameterRecorder, RecordingCallback, SampleCollector
 from keras_thermo.equilibration import EquilibrationCheck
 from keras_thermo.posterior import PosteriorAverage
+from keras_thermo.tact_histograms import TACTHistograms
 
 __all__ = [
     "EquilibrationCheck",

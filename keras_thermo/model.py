@@ -81,7 +81,7 @@ class BayesianModel(SamplingStep, kt_chains.ChainWeights, keras.Model):
             Embedding, LayerNormalization, LSTM, GRU, any parameter-free layer); `"vectorized"`
             forms the `[n, Nd]` rows with `tf.vectorized_map` (any compatible network, several
             times slower); `"dense_layers"` is `"layers"` restricted to `Sequential` nets of
-            `Dense` layers (`keras_thermo.dense_gradients`); `"auto"` (default) uses `"layers"`
+            `Dense` layers (`keras_thermo.per_example.dense_layers`); `"auto"` (default) uses `"layers"`
             where every trainable layer has a rule and `"vectorized"` otherwise, logging the
             reason once (logger `"keras_thermo"`).
         num_chains: C >= 1 independent chains of the net, updated together at every step of

@@ -47,7 +47,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from keras_thermo import grads as kt_grads
+from keras_thermo import _tree
 from keras_thermo import losses as kt_losses
 from keras_thermo import metrics as kt_metrics
 from keras_thermo._outputs import activation_hint, loss_hint
@@ -225,7 +225,7 @@ def _batch_function(model: keras.Model, variables: list) -> Any:
     model_ref = weakref.ref(model)  # the cache must not keep the model alive
 
     def batch_outputs(vector: tf.Tensor, x: Any) -> tf.Tensor:
-        values = kt_grads.unflatten(vector, variables)
+        values = _tree.unflatten(vector, variables)
         mapping = [(v, tf.cast(value, v.dtype)) for v, value in zip(variables, values)]
         with keras.StatelessScope(state_mapping=mapping):
             return tf.cast(model_ref()(x, training=False), tf.float32)

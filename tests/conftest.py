@@ -29,7 +29,7 @@ SLOW_CASES = {
     "tests/test_fit_minibatches.py::test_fit_on_arrays_samples_the_normal_gamma_posterior[mccadl]",
     "tests/test_runner.py::test_reported_and_ood_runs_fall_back_when_the_choice_diverges",
     "tests/test_compile_modes.py::test_xla_with_steps_per_execution_matches_the_graph_without_noise[mccadl-dense_layers]",
-    "tests/test_models.py::test_per_example_gradients_vectorize[fashion_mnist_lstm-input_shape1-10]",
+    "tests/test_networks.py::test_per_example_gradients_vectorize[fashion_mnist_lstm-input_shape1-10]",
     "tests/test_statistical_ccadl.py::test_thermostat_check_rejects_a_wrong_covariance_friction[ccadl-beta-left-out-T2]",
     "tests/test_statistical_ccadl.py::test_sgnht_xi_settles_where_the_energy_balance_puts_it",
     "tests/test_multi_worker.py::test_workers_reproduce_the_single_process_run",

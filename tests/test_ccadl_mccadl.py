@@ -1,7 +1,7 @@
 """CCAdL and mCCAdL: one-step exact values, the C step, posterior sampling, stability, configs.
 
 One-step references are computed here in float64 numpy (and `scipy.linalg.expm` for the C step)
-from the per-example gradients passed in the step context, independently of `keras_thermo.grads`
+from the per-example gradients passed in the step context, independently of `keras_thermo.per_example`
 and `keras_thermo.linalg`. The sampling tests go through `BayesianModel.fit` with the shared
 statistical check of `keras_thermo.testing`.
 """

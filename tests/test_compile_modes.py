@@ -78,7 +78,7 @@ CASES += [pytest.param(name, method, id=f"{name}-{method}")
 # `-m slow`. They cover every update piece once: SGLD's schedule, the symmetric integrator's
 # O/D/kick pieces (SGHMC's and Euler SGNHT's are the same functions), TACT-HMC, CCAdL's diagonal
 # estimate and mCCAdL's C step on the Dense path; the vectorized rows are checked under XLA by
-# test_grads.py, and CCAdL's full covariance under XLA only in the slow set.
+# test_per_example_rows.py, and CCAdL's full covariance under XLA only in the slow set.
 XLA_DEFAULT = {"sgld", "sgnht_symmetric", "tact_hmc", "ccadl_diag-dense_layers", "mccadl-dense_layers"}
 XLA_CASES = [case if case.id in XLA_DEFAULT else pytest.param(*case.values, id=case.id, marks=pytest.mark.slow)
              for case in CASES]

@@ -10,7 +10,7 @@ import pytest
 import tensorflow_datasets as tfds
 from sklearn.datasets import load_digits as sklearn_load_digits
 
-from keras_thermo import data, models
+from keras_thermo import data, networks
 
 
 def collect(dataset):
@@ -265,7 +265,7 @@ def test_fashion_mnist_rows_feed_the_lstm(tmp_path):
             data.load_cifar10("train", batch_size=6, data_dir=str(tmp_path), squeeze_channels=True)
     assert built.input_shape == (28, 28)
     x, _ = next(iter(built.dataset))
-    assert models.fashion_mnist_lstm()(x).shape == (6, 10)
+    assert networks.fashion_mnist_lstm()(x).shape == (6, 10)
 
 
 @pytest.mark.parametrize("name", ["fashion_mnist", "emnist/balanced"])

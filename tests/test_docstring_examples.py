@@ -7,13 +7,14 @@ import doctest
 import pytest
 
 from benchmarks import run
-from keras_thermo import _recording, chains, diagnostics, equilibration, metrics, model, posterior, priors, random, schedules
+from keras_thermo import _recording, chains, diagnostics, equilibration, model, posterior, priors, random, schedules
+from keras_thermo.metrics import classification, mixture
 from keras_thermo.samplers import base, preconditioning, units
 
 
 @pytest.mark.parametrize(
     "module",
-    [metrics, diagnostics, posterior, _recording, schedules, priors, preconditioning, chains, random, run,
+    [classification, mixture, diagnostics, posterior, _recording, schedules, priors, preconditioning, chains, random, run,
      equilibration, model, base, units],
     ids=lambda m: m.__name__,
 )

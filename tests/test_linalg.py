@@ -252,7 +252,7 @@ def test_auto_decides_in_python_inside_an_autograph_traced_c_step():
     decision would lose the static shape of the result (`unflatten` needs it)."""
     import keras  # noqa: PLC0415
 
-    from keras_thermo.dense_gradients import dense_layer_gradients  # noqa: PLC0415
+    from keras_thermo.per_example.dense_layers import dense_layer_gradients  # noqa: PLC0415
 
     keras.utils.set_random_seed(4)
     net = keras.Sequential([keras.Input((20,)), keras.layers.Dense(30, activation="tanh"),

@@ -1,7 +1,7 @@
 """Tests of the layer-rule engine (keras_thermo.per_example) against the vectorized rows.
 
 Reference: `per_example.per_example_gradients` (a `tf.vectorized_map` over per-example backward
-passes, tested against a loop over examples in test_grads.py), centered in float64. Recurrent
+passes, tested against a loop over examples in test_per_example_rows.py), centered in float64. Recurrent
 layers are compared with an identical layer built with `unroll=True` (the vectorized path
 refuses `unroll=False`) and the same weights.
 
@@ -274,7 +274,7 @@ def test_einsum_dense_matches_a_loop_over_examples():
     _compare(net, None, x, y, rows=_loop_rows(net, x, y))
 
 
-@pytest.mark.slow  # ~1.5 s; weights on the engine are checked in the default suite by test_dense_gradients.py
+@pytest.mark.slow  # ~1.5 s; weights on the engine are checked in the default suite by test_dense_layers.py
 def test_sample_weights_and_a_loss_object_reach_the_rows():
     """Weighted cross-entropy on a convolution: the weights change the statistics (guards the
     comparison against weights being dropped on both paths)."""
@@ -431,7 +431,7 @@ def test_variables_in_another_order_than_the_layers_are_placed_by_variable():
     _compare(net, net, _inputs(_conv1d()), _targets())
 
 
-@pytest.mark.slow  # ~7 s of XLA compilation; the Dense-only version runs in test_dense_gradients.py
+@pytest.mark.slow  # ~7 s of XLA compilation; the Dense-only version runs in test_dense_layers.py
 def test_runs_inside_a_compiled_function():
     _seed(0)
     net = _conv1d(padding="causal", dilation_rate=2)

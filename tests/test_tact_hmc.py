@@ -20,7 +20,7 @@ import keras_thermo as kt
 from benchmarks.tact_synthetic import GaussianMixture, simulate
 from keras_thermo import diagnostics, testing
 from keras_thermo import random as kt_random
-from keras_thermo._histograms import TACTHistograms
+from keras_thermo.tact_histograms import TACTHistograms
 from keras_thermo.samplers.base import StepContext
 from keras_thermo.samplers.tact_hmc import (
     TACTHMC,

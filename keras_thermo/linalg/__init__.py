@@ -11,7 +11,7 @@ parameters). Two methods, both on TensorFlow ops, eager, in `tf.function` and un
 
 `Gc` is a tensor or a `CenteredRows` operator (`keras_thermo.linalg.operators`) that provides
 `Gc u`, `Gc^T z`, `Gc Gc^T` and `||Gc||_F^2` without the matrix, such as the per-layer factors
-of `keras_thermo.dense_gradients`; `MatrixRows` wraps a tensor.
+of `keras_thermo.per_example.dense_layers`; `MatrixRows` wraps a tensor.
 
 Accuracy statements for float32 assume full float32 matrix products; on GPUs where TensorFlow
 uses TensorFloat-32 for float32 matmuls (its default on Ampere and later), products carry

@@ -4,7 +4,7 @@ The expm-action routines only ever need four things from the centered per-exampl
 `Gc` (`n` rows, `D` columns): the products `Gc u` and `Gc^T z`, the Gram matrix `Gc Gc^T` and
 `||Gc||_F^2`. `CenteredRows` is that interface. `MatrixRows` implements it for a dense tensor
 (what `expm_action` builds from a tensor `gc`); other representations, such as the per-layer
-factors of a network of `Dense` layers (`keras_thermo.dense_gradients`), implement it without
+factors of a network of `Dense` layers (`keras_thermo.per_example.dense_layers`), implement it without
 ever forming the `[n, D]` matrix.
 
 Operators travel through `tf.function` and `tf.while_loop` as nested structures: each one

@@ -8,8 +8,8 @@
   the fallback for a layer without a rule and the reference in tests.
 * `statistics`: the interface the samplers use (`count`, `diagonal_covariance`,
   `full_covariance`, `covariance_factor`, `covariance_trace`), over rows
-  (`PerExampleGradients`) or blocks (`LayerStatistics`); `flatten` / `unflatten` define the
-  column order.
+  (`PerExampleGradients`) or blocks (`LayerStatistics`); `flatten` / `unflatten`
+  (`keras_thermo._tree`) define the column order.
 * `checks`: layers that couple or randomise the examples, refused by name; `losses`: the
   per-example losses both paths differentiate.
 
@@ -24,6 +24,7 @@ Example:
     True
 """
 
+from keras_thermo._tree import flatten, unflatten
 from keras_thermo.per_example.checks import check_per_example_compatible, stochastic_layers, stochastic_setting
 from keras_thermo.per_example.engine import Recording, incompatibility, layer_statistics
 from keras_thermo.per_example.registry import LayerRule, register, rule_for
@@ -34,9 +35,7 @@ from keras_thermo.per_example.statistics import (
     PerExampleGradients,
     centered,
     diagonal_covariance,
-    flatten,
     full_covariance,
-    unflatten,
 )
 from keras_thermo.per_example.vectorized import per_example_gradients
 

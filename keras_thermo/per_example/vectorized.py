@@ -93,9 +93,9 @@ from typing import Any, Sequence
 import keras
 import tensorflow as tf
 
+from keras_thermo._tree import flatten
 from keras_thermo.per_example.checks import check_per_example_compatible
 from keras_thermo.per_example.losses import LossLike, example_loss, resolve_loss
-from keras_thermo.per_example.statistics import flatten
 
 
 def _dense_gradient(gradient: Any, variable: Any) -> tf.Tensor:

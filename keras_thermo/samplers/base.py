@@ -36,7 +36,7 @@ class StepContext(NamedTuple):
         potential: U of this minibatch (float32 scalar tensor).
         seed: The model's integer seed; noise is keyed by (seed, step, stream).
         per_example_gradients: The per-example gradients of the minibatch when the sampler asks
-            for them (a `grads.PerExampleGradients`, or a raw `[n, Nd]` tensor in the order of
+            for them (a `per_example.PerExampleGradients`, or a raw `[n, Nd]` tensor in the order of
             the trainable variables); else None.
     """
 
@@ -503,9 +503,9 @@ class ThermostatSampler(Sampler):
 
 
 def require_per_example_gradients(context: StepContext, sampler_name: str):
-    """The per-example gradients of the step (a `grads.PerExampleGradients` or an object with the
-    same members); a raw `[n, Nd]` tensor is wrapped. A clear error when they are missing."""
-    from keras_thermo import grads as kt_grads  # noqa: PLC0415 (grads imports keras models)
+    """The per-example statistics of the step (a `per_example.PerExampleGradients` or an object
+    with the same members); a raw `[n, Nd]` tensor is wrapped. A clear error when they are missing."""
+    from keras_thermo.per_example.statistics import PerExampleGradients  # noqa: PLC0415 (loads the engine)
 
     given = context.per_example_gradients
     if given is None:
@@ -523,7 +523,7 @@ def require_per_example_gradients(context: StepContext, sampler_name: str):
             f"{sampler_name} estimates the gradient-noise covariance from the minibatch, which "
             f"needs a batch size of at least 2; got per-example gradients for {rows} example(s)."
         )
-    return kt_grads.PerExampleGradients(tf.cast(given, tf.float32))
+    return PerExampleGradients(tf.cast(given, tf.float32))
 
 
 def force_noise_scale(context: StepContext) -> tf.Tensor:

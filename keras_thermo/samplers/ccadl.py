@@ -35,7 +35,7 @@ from typing import NamedTuple, Sequence
 import keras
 import tensorflow as tf
 
-from keras_thermo import grads as kt_grads
+from keras_thermo import _tree
 from keras_thermo import random as kt_random
 from keras_thermo._validation import check_choice, check_int
 from keras_thermo.samplers import integrators
@@ -178,14 +178,14 @@ class CCAdL(ThermostatSampler):
         if self.covariance == "full":
             current = tf.cast(per_example.full_covariance(), f64)
             return (1.0 - weight) * state.covariance + weight * current
-        current = kt_grads.unflatten(per_example.diagonal_covariance(), params)
+        current = _tree.unflatten(per_example.diagonal_covariance(), params)
         return [(1.0 - weight) * old + weight * tf.cast(new, f64) for old, new in zip(state.covariance, current)]
 
     def _covariance_times(self, average, momentum, params) -> list[tf.Tensor]:
         """`I_t p`, per variable (float32, like the momenta)."""
         if self.covariance == "full":
-            product = tf.linalg.matvec(integrators.as_float32(average), kt_grads.flatten(momentum))
-            return kt_grads.unflatten(product, params)
+            product = tf.linalg.matvec(integrators.as_float32(average), _tree.flatten(momentum))
+            return _tree.unflatten(product, params)
         return [integrators.as_float32(var) * p for var, p in zip(average, momentum)]
 
     @staticmethod
@@ -197,7 +197,7 @@ class CCAdL(ThermostatSampler):
         else:
             diagonal = integrators.as_float32(tf.linalg.diag_part(average))
         if inverse_mass is not None:
-            diagonal = diagonal * kt_grads.flatten(inverse_mass)
+            diagonal = diagonal * _tree.flatten(inverse_mass)
         return tf.reduce_max(diagonal)
 
     @staticmethod
@@ -210,7 +210,7 @@ class CCAdL(ThermostatSampler):
         if isinstance(average, (list, tuple)):
             return tf.add_n([tf.reduce_sum(integrators.as_float32(v) * w) for v, w in zip(average, inverse_mass)])
         diagonal = integrators.as_float32(tf.linalg.diag_part(average))
-        return tf.reduce_sum(diagonal * kt_grads.flatten(inverse_mass))
+        return tf.reduce_sum(diagonal * _tree.flatten(inverse_mass))
 
     def update(self, state: CCAdLState, params, force, context: StepContext):
         per_example = require_per_example_gradients(context, "CCAdL")

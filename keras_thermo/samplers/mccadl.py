@@ -30,7 +30,7 @@ from typing import NamedTuple, Sequence
 import keras
 import tensorflow as tf
 
-from keras_thermo import grads as kt_grads
+from keras_thermo import _tree
 from keras_thermo import linalg as kt_linalg
 from keras_thermo.linalg.operators import CenteredRows, symmetrized
 from keras_thermo._validation import check_choice
@@ -144,9 +144,9 @@ def covariance_step(
         >>> [round(float(x), 4) for x in p[0]]             # exp(-0.5 * 2) = 0.3679
         [0.3679, 1.0]
     """
-    flat = kt_grads.flatten(momentum)
+    flat = _tree.flatten(momentum)
     result, matvecs, code = kt_linalg.expm_action(centered_gradients, flat, tau, method=method)
-    return kt_grads.unflatten(result, momentum), matvecs, code
+    return _tree.unflatten(result, momentum), matvecs, code
 
 
 @keras.saving.register_keras_serializable(package="keras_thermo")
@@ -241,7 +241,7 @@ class MCCAdL(ThermostatSampler):
             sigma_scale = force_noise_scale(context)
             tau = h * (0.5 * h) * beta * sigma_scale / (rows - 1.0)
             inverse_sqrt = [tf.broadcast_to(tf.math.rsqrt(m), p.shape) for m, p in zip(mass, params)]
-            flat_inverse_sqrt = kt_grads.flatten(inverse_sqrt)
+            flat_inverse_sqrt = _tree.flatten(inverse_sqrt)
             scaled = scale_columns(centered, flat_inverse_sqrt)
 
             def c_step(momentum):

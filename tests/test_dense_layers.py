@@ -1,8 +1,8 @@
-"""Tests of keras_thermo.dense_gradients: per-example gradient statistics from Dense factors.
+"""Tests of keras_thermo.per_example.dense_layers: per-example gradient statistics from Dense factors.
 
-Reference: the materialised path, `grads.per_example_gradients` (a `tf.vectorized_map` over
-per-example backward passes, itself tested against a loop in test_grads.py) wrapped in
-`grads.PerExampleGradients` (two-pass centered sums). The factored path computes the same sums
+Reference: the materialised path, `per_example.per_example_gradients` (a `tf.vectorized_map` over
+per-example backward passes, itself tested against a loop in test_per_example_rows.py) wrapped in
+`per_example.PerExampleGradients` (two-pass centered sums). The factored path computes the same sums
 in another order, so the tolerances are float32 rounding bounds:
 
 * every statistic is a sum over n = 16 examples of products of O(1) factors, each contracted
@@ -26,8 +26,8 @@ import pytest
 import scipy.linalg
 import tensorflow as tf
 
-from keras_thermo import grads
-from keras_thermo.dense_gradients import (
+from keras_thermo import per_example
+from keras_thermo.per_example.dense_layers import (
     DenseLayerGradients,
     DenseLayerRows,
     dense_layer_gradients,
@@ -86,7 +86,7 @@ LOSSES = [
 
 
 def _both_paths(net, loss, x, y, weights):
-    reference = grads.PerExampleGradients(grads.per_example_gradients(net, loss, x, y, weights))
+    reference = per_example.PerExampleGradients(per_example.per_example_gradients(net, loss, x, y, weights))
     fast = dense_layer_gradients(net, loss, x, y, weights)
     return reference, fast
 
@@ -172,7 +172,7 @@ def test_diagonal_keeps_accuracy_when_the_mean_gradient_dominates():
     x = (3.0 + rng.uniform(size=(BATCH, 6))).astype(np.float32)
     y = (50.0 + rng.standard_normal((BATCH, 2))).astype(np.float32)
     loss = keras.losses.MeanSquaredError()
-    rows = grads.per_example_gradients(net, loss, x, y).numpy().astype(np.float64)
+    rows = per_example.per_example_gradients(net, loss, x, y).numpy().astype(np.float64)
     exact = np.sum((rows - rows.mean(axis=0)) ** 2, axis=0) / (BATCH - 1)
     dominated = BATCH * rows.mean(axis=0) ** 2 / np.maximum(exact * (BATCH - 1), 1e-30)
     assert dominated.max() > 100.0  # the case this test is about

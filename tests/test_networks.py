@@ -1,4 +1,4 @@
-"""Tests for keras_thermo.models: hand-counted parameters, numpy forward-pass references,
+"""Tests for keras_thermo.networks: hand-counted parameters, numpy forward-pass references,
 and per-example gradients through tf.vectorized_map."""
 
 import keras
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_thermo import models
+from keras_thermo import networks
 
 
 def weights_of(model, layer_name):
@@ -25,21 +25,21 @@ def sigmoid(x):
     "build, input_shape, num_params",
     [
         # 784*100 + 100 (hidden) + 100*47 + 47 (logits)
-        (models.emnist_mlp, (784,), 784 * 100 + 100 + 100 * 47 + 47),
+        (networks.emnist_mlp, (784,), 784 * 100 + 100 + 100 * 47 + 47),
         # LSTM: 4 gates x (input kernel 28*128 + recurrent 128*128 + bias 128);
         # dense 128*64 + 64; logits 64*10 + 10.
         (
-            models.fashion_mnist_lstm,
+            networks.fashion_mnist_lstm,
             (28, 28),
             4 * (28 * 128 + 128 * 128 + 128) + 128 * 64 + 64 + 650,
         ),
         # conv 3*3*3*16 + 16; conv 3*3*16*16 + 16; valid padding: 32 -> 30 -> 15 -> 13 -> 6,
         # flatten 6*6*16 = 576; dense 576*100 + 100; logits 100*10 + 10.
-        (models.cifar10_cnn, (32, 32, 3), 448 + 2320 + 576 * 100 + 100 + 1010),
+        (networks.cifar10_cnn, (32, 32, 3), 448 + 2320 + 576 * 100 + 100 + 1010),
         # 64*50 + 50 + 50*10 + 10
-        (models.digits_mlp, (64,), 64 * 50 + 50 + 50 * 10 + 10),
+        (networks.digits_mlp, (64,), 64 * 50 + 50 + 50 * 10 + 10),
         # weights + intercept
-        (lambda: models.logistic_regression(64), (64,), 64 + 1),
+        (lambda: networks.logistic_regression(64), (64,), 64 + 1),
     ],
 )
 def test_parameter_counts_and_output_shapes(build, input_shape, num_params):
@@ -54,31 +54,31 @@ def test_parameter_counts_and_output_shapes(build, input_shape, num_params):
 
 def test_variant_parameter_counts():
     # "same" padding: 32 -> 16 -> 8, flatten 8*8*16 = 1024.
-    assert models.cifar10_cnn(padding="same").count_params() == 448 + 2320 + 1024 * 100 + 100 + 1010
+    assert networks.cifar10_cnn(padding="same").count_params() == 448 + 2320 + 1024 * 100 + 100 + 1010
     # 64 -> 32 -> 16 -> 10
-    assert models.digits_mlp(hidden=(32, 16)).count_params() == (64 * 32 + 32) + (32 * 16 + 16) + (
+    assert networks.digits_mlp(hidden=(32, 16)).count_params() == (64 * 32 + 32) + (32 * 16 + 16) + (
         16 * 10 + 10
     )
-    assert models.digits_mlp(hidden=()).count_params() == 64 * 10 + 10
-    assert models.logistic_regression(5, use_bias=False).count_params() == 5
-    assert models.emnist_mlp(num_classes=10, hidden_units=20).count_params() == 784 * 20 + 20 + 210
-    lstm = models.fashion_mnist_lstm()
+    assert networks.digits_mlp(hidden=()).count_params() == 64 * 10 + 10
+    assert networks.logistic_regression(5, use_bias=False).count_params() == 5
+    assert networks.emnist_mlp(num_classes=10, hidden_units=20).count_params() == 784 * 20 + 20 + 210
+    lstm = networks.fashion_mnist_lstm()
     assert lstm.get_layer("lstm").count_params() == 80384
 
 
 def test_names():
-    builders = (models.emnist_mlp, models.fashion_mnist_lstm, models.cifar10_cnn, models.digits_mlp)
+    builders = (networks.emnist_mlp, networks.fashion_mnist_lstm, networks.cifar10_cnn, networks.digits_mlp)
     assert [build().name for build in builders] == [
         "emnist_mlp",
         "fashion_mnist_lstm",
         "cifar10_cnn",
         "digits_mlp",
     ]
-    assert models.logistic_regression(3).name == "logistic_regression"
+    assert networks.logistic_regression(3).name == "logistic_regression"
 
 
 def test_mlp_outputs_logits_of_a_relu_network():
-    model = models.emnist_mlp()
+    model = networks.emnist_mlp()
     x = np.random.default_rng(1).uniform(size=(5, 784))
     w1, b1 = weights_of(model, "hidden")
     w2, b2 = weights_of(model, "logits")
@@ -87,7 +87,7 @@ def test_mlp_outputs_logits_of_a_relu_network():
 
 
 def test_logistic_regression_is_one_affine_logit():
-    model = models.logistic_regression(7)
+    model = networks.logistic_regression(7)
     x = np.random.default_rng(2).normal(size=(4, 7))
     w, b = weights_of(model, "logit")
     np.testing.assert_allclose(model(x.astype(np.float32)).numpy(), x @ w + b, rtol=1e-5, atol=1e-6)
@@ -109,7 +109,7 @@ def lstm_reference(x, kernel, recurrent, bias):
 
 @pytest.mark.parametrize("unroll", [True, False])
 def test_lstm_reads_rows_and_matches_numpy_reference(unroll):
-    model = models.fashion_mnist_lstm(unroll=unroll)
+    model = networks.fashion_mnist_lstm(unroll=unroll)
     x = np.random.default_rng(3).uniform(size=(2, 28, 28))
     h = lstm_reference(x, *weights_of(model, "lstm"))
     w1, b1 = weights_of(model, "hidden")
@@ -131,7 +131,7 @@ def max_pool_2x2(x):
 
 
 def test_cnn_matches_numpy_reference():
-    model = models.cifar10_cnn()
+    model = networks.cifar10_cnn()
     x = np.random.default_rng(4).uniform(size=(2, 32, 32, 3))
     a = max_pool_2x2(relu(conv_valid(x, *weights_of(model, "conv1"))))
     a = max_pool_2x2(relu(conv_valid(a, *weights_of(model, "conv2"))))
@@ -145,10 +145,10 @@ def test_cnn_matches_numpy_reference():
 @pytest.mark.parametrize(
     "build, input_shape, num_classes",
     [
-        (models.emnist_mlp, (784,), 47),
-        (models.fashion_mnist_lstm, (28, 28), 10),
-        (models.cifar10_cnn, (32, 32, 3), 10),
-        (models.digits_mlp, (64,), 10),
+        (networks.emnist_mlp, (784,), 47),
+        (networks.fashion_mnist_lstm, (28, 28), 10),
+        (networks.cifar10_cnn, (32, 32, 3), 10),
+        (networks.digits_mlp, (64,), 10),
     ],
 )
 def test_per_example_gradients_vectorize(build, input_shape, num_classes):
@@ -177,22 +177,22 @@ def test_per_example_gradients_vectorize(build, input_shape, num_classes):
     "call, error, match",
     [
         (
-            lambda: models.cifar10_cnn(padding="full"),
+            lambda: networks.cifar10_cnn(padding="full"),
             ValueError,
             r"`padding` must be one of \['valid', 'same'\], got 'full'",
         ),
         (
-            lambda: models.digits_mlp(hidden=(10, 0)),
+            lambda: networks.digits_mlp(hidden=(10, 0)),
             ValueError,
             r"`hidden\[1\]` must be an integer >= 1, got 0",
         ),
         (
-            lambda: models.logistic_regression(0),
+            lambda: networks.logistic_regression(0),
             ValueError,
             "`num_features` must be an integer >= 1",
         ),
-        (lambda: models.emnist_mlp(num_classes=1), ValueError, "`num_classes`"),
-        (lambda: models.digits_mlp(hidden=2.5), TypeError, "hidden"),
+        (lambda: networks.emnist_mlp(num_classes=1), ValueError, "`num_classes`"),
+        (lambda: networks.digits_mlp(hidden=2.5), TypeError, "hidden"),
     ],
 )
 def test_invalid_arguments(call, error, match):

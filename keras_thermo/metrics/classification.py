@@ -1,28 +1,12 @@
-"""Metrics of predictive distributions for classification.
+"""Metrics of predictive distributions for classification: functions of `probs` (or logits)
+and labels.
 
 Every function takes numpy arrays (or anything `np.asarray` accepts), works in float64 and
 returns Python floats or numpy arrays. `probs` is `[n, K]`: one categorical distribution over
 `K` classes per example, typically the posterior predictive averaged over samples,
-`p(y | x) ~= (1/S) sum_s p(y | x, theta_s)`. `labels` is `[n]` integers in `[0, K)`.
-
-Two log losses appear in the SG-MCMC literature and both are here:
-
-- `nll`: the negative log likelihood of the *averaged* predictive distribution,
-  `-(1/n) sum_i log((1/S) sum_s p(y_i | x_i, theta_s))` (the "test log likelihood", negated).
-- `expected_log_loss`: the *posterior expected* log loss, `(1/S) sum_s l_s` with
-  `l_s = -(1/n) sum_i log p(y_i | x_i, theta_s)`, the mean test log loss of each posterior
-  sample averaged over samples (Wei & Shang 2026, section 3.2, Tables 1 and 3).
-
-By Jensen's inequality `nll <= expected_log_loss`; the gap measures how much averaging over
-the posterior helps. `PredictiveAverager` accumulates both while samples stream in.
-
-Epistemic uncertainty splits the same way (Depeweg et al. 2018; Smith & Gal 2018). Per example,
-the *predictive entropy* `H[p_bar]` of the averaged distribution is the total uncertainty, the
-*expected entropy* `(1/S) sum_s H[p_s]` the part every sample already has (aleatoric), and
-their difference, the *mutual information* between the label and the parameters,
-`I = H[p_bar] - (1/S) sum_s H[p_s] >= 0`, the part that comes from the samples disagreeing.
-`PredictiveMixture` streams all three; `ood_auroc` scores any of them as a detector of
-out-of-distribution inputs.
+`p(y | x) ~= (1/S) sum_s p(y | x, theta_s)`. `labels` is `[n]` integers in `[0, K)`. The
+`_check_*` helpers validate them; the streaming averages over samples live in
+`keras_thermo.metrics.mixture`.
 """
 
 from __future__ import annotations
@@ -269,7 +253,7 @@ def expected_calibration_error(probs: Any, labels: Any, num_bins: int = 15) -> f
 def probabilities_from_logits(logits: Any) -> np.ndarray:
     """Softmax of `[n, K]` logits in float64; a single column `[n, 1]` is a binary logit.
 
-    A binary logit `z` (a `Dense(1)` output, as in `models.logistic_regression`) becomes the
+    A binary logit `z` (a `Dense(1)` output, as in `networks.logistic_regression`) becomes the
     two-class distribution `[1 - sigmoid(z), sigmoid(z)]`, i.e. the softmax of `[0, z]`.
 
     Example:
@@ -339,22 +323,6 @@ def entropy(probs: Any) -> np.ndarray:
         array([0.693147, 0.      ])
     """
     return _entropy_of_rows(_check_probs(probs))
-
-
-def _sample_distribution(logits: Any, probs: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(probabilities [n, K], entropies [n]) of one sample's logits or probabilities.
-
-    From logits the entropy uses the log-softmax directly, so classes whose probability
-    underflows to 0 in float64 still contribute their (vanishing) `p log p` exactly.
-    """
-    if (logits is None) == (probs is None):
-        raise ValueError("Pass exactly one of `logits` and `probs` to `update`.")
-    if logits is not None:
-        log_p = _log_probabilities_from_logits(logits)
-        p = np.exp(log_p)
-        return p, 0.0 - np.sum(p * log_p, axis=1)
-    p = _check_probs(probs)
-    return p, _entropy_of_rows(p)
 
 
 def _check_scores(name: str, scores: Any) -> np.ndarray:
@@ -459,162 +427,3 @@ def expected_log_loss(per_sample_log_losses: Any, weights: Any = None) -> float:
             f"`weights` must be finite, non-negative, with a positive sum, got {w.tolist()}."
         )
     return float(np.sum(w * losses) / np.sum(w))
-
-
-class PredictiveMixture:
-    """Streams posterior samples' predictive distributions into their average and its entropies.
-
-    Each `update` takes one posterior sample's predictions on the same `n` examples (logits or
-    probabilities) and an optional weight `w_s` (e.g. SGLD's step size). Kept are two running
-    sums, `sum_s w_s p_s` `[n, K]` and `sum_s w_s H[p_s]` `[n]`, so memory is `O(n K)` however
-    many samples arrive. From them, per example:
-
-    - `mean_probs`: `p_bar = sum_s w_s p_s / sum_s w_s`, the posterior predictive;
-    - `predictive_entropy`: `H[p_bar]`, the total uncertainty;
-    - `expected_entropy`: `sum_s w_s H[p_s] / sum_s w_s`, the aleatoric part;
-    - `mutual_information`: `H[p_bar] - expected_entropy`, the epistemic part (Depeweg et al.
-      2018, eq. 5; Smith & Gal 2018, eq. 4). It equals the weighted mean of
-      `KL(p_s || p_bar)`, so it is >= 0 and is 0 exactly when all samples agree; the
-      subtraction can leave a float64 rounding residue below 0 (|.| ~ 1e-16 log K), which is
-      set to 0.
-
-    No labels are needed; `PredictiveAverager` adds the labelled metrics.
-
-    Example:
-        >>> mixture = PredictiveMixture()
-        >>> mixture.update(probs=[[1.0, 0.0], [0.5, 0.5]])
-        >>> mixture.update(probs=[[0.0, 1.0], [0.5, 0.5]])
-        >>> mixture.predictive_entropy.round(4)  # both examples: p_bar = [0.5, 0.5]
-        array([0.6931, 0.6931])
-        >>> mixture.expected_entropy.round(4)  # sure samples vs two coin flips
-        array([0.    , 0.6931])
-        >>> mixture.mutual_information.round(4)  # disagreement vs agreement
-        array([0.6931, 0.    ])
-
-    References:
-        Depeweg, Hernandez-Lobato, Doshi-Velez, Udluft (2018), Decomposition of uncertainty in
-        Bayesian deep learning for efficient and risk-sensitive learning, ICML; Smith & Gal
-        (2018), Understanding measures of uncertainty for adversarial example detection, UAI.
-    """
-
-    def __init__(self):
-        self._weighted_probs: np.ndarray | None = None
-        self._weighted_entropy: np.ndarray | None = None
-        self._total_weight = 0.0
-        self.num_samples = 0
-
-    def update(self, *, logits: Any = None, probs: Any = None, weight: float = 1.0) -> None:
-        """Adds one sample's `[n, K]` predictions; pass exactly one of `logits` and `probs`.
-
-        A single logit column `[n, 1]` is binary (see `probabilities_from_logits`). `weight`
-        is a finite real >= 0.
-        """
-        weight = check_number("weight", weight, low=0.0, low_inclusive=True)
-        sample_probs, sample_entropy = _sample_distribution(logits, probs)
-        if self._weighted_probs is None:
-            self._weighted_probs = np.zeros_like(sample_probs)
-            self._weighted_entropy = np.zeros_like(sample_entropy)
-        elif sample_probs.shape != self._weighted_probs.shape:
-            raise ValueError(
-                f"Each update must predict {self._weighted_probs.shape} (examples, classes), "
-                f"got {sample_probs.shape}."
-            )
-        self._weighted_probs += weight * sample_probs
-        self._weighted_entropy += weight * sample_entropy
-        self._total_weight += weight
-        self.num_samples += 1
-
-    @property
-    def total_weight(self) -> float:
-        """Sum of the weights of the samples so far."""
-        return self._total_weight
-
-    def _check_ready(self) -> None:
-        if self._weighted_probs is None:
-            raise ValueError("No samples yet: call `update` before reading results.")
-        if not self._total_weight > 0:
-            raise ValueError(
-                f"The {self.num_samples} samples so far all have weight 0; the average needs a "
-                "positive total weight."
-            )
-
-    @property
-    def mean_probs(self) -> np.ndarray:
-        """`[n, K]` weighted average of the samples' predictive probabilities."""
-        self._check_ready()
-        return self._weighted_probs / self._total_weight
-
-    @property
-    def predictive_entropy(self) -> np.ndarray:
-        """`[n]` entropy of the averaged predictive distribution (total uncertainty)."""
-        return _entropy_of_rows(self.mean_probs)
-
-    @property
-    def expected_entropy(self) -> np.ndarray:
-        """`[n]` weighted mean of the samples' own entropies (aleatoric uncertainty)."""
-        self._check_ready()
-        return self._weighted_entropy / self._total_weight
-
-    @property
-    def mutual_information(self) -> np.ndarray:
-        """`[n]` predictive minus expected entropy (epistemic uncertainty), >= 0."""
-        return np.maximum(self.predictive_entropy - self.expected_entropy, 0.0)
-
-
-class PredictiveAverager(PredictiveMixture):
-    """Streams posterior samples' predictions into the averaged predictive and its metrics.
-
-    Each `update` takes one posterior sample's predictions on the same `n` test examples
-    (logits or probabilities) and an optional weight. Memory is `O(n K)`, independent of the
-    number of samples. `result()` returns the metrics of the averaged predictive distribution
-    together with the posterior expected log loss of the individual samples; the per-example
-    entropies and mutual information of `PredictiveMixture` are available too.
-
-    Args:
-        labels: `[n]` integer test labels.
-        num_bins: Number of ECE bins.
-
-    Example:
-        >>> averager = PredictiveAverager(labels=[0, 1])
-        >>> averager.update(logits=[[2.0, 0.0], [0.0, 2.0]])
-        >>> averager.update(probs=[[0.5, 0.5], [0.5, 0.5]])
-        >>> sorted(averager.result())
-        ['accuracy', 'brier', 'ece', 'expected_log_loss', 'nll', 'num_samples']
-    """
-
-    def __init__(self, labels: Any, num_bins: int = 15):
-        super().__init__()
-        self.labels = _check_labels(labels, None, None)
-        if self.labels.shape[0] < 1 or self.labels.min() < 0:
-            raise ValueError(
-                f"`labels` must be a non-empty array of integers >= 0, got {labels!r}."
-            )
-        self.num_bins = check_int("num_bins", num_bins, low=1)
-        self._weighted_loss = 0.0
-
-    def update(self, *, logits: Any = None, probs: Any = None, weight: float = 1.0) -> None:
-        """Adds one posterior sample's predictions; pass exactly one of `logits` and `probs`.
-
-        With logits the sample's log loss is exact (`log_loss_from_logits`); with
-        probabilities it is `nll`, clipped at `NLL_PROBABILITY_FLOOR`.
-        """
-        if (logits is None) == (probs is None):
-            raise ValueError("Pass exactly one of `logits` and `probs` to `update`.")
-        if logits is not None:
-            sample_loss = log_loss_from_logits(logits, self.labels)
-        else:
-            sample_loss = nll(probs, self.labels)
-        super().update(logits=logits, probs=probs, weight=weight)
-        self._weighted_loss += float(weight) * sample_loss
-
-    def result(self) -> dict[str, float]:
-        """Metrics: accuracy, nll, brier, ece (averaged predictive), expected_log_loss."""
-        p = self.mean_probs
-        return {
-            "accuracy": accuracy(p, self.labels),
-            "nll": nll(p, self.labels),
-            "brier": brier_score(p, self.labels),
-            "ece": expected_calibration_error(p, self.labels, self.num_bins),
-            "expected_log_loss": self._weighted_loss / self._total_weight,
-            "num_samples": self.num_samples,
-        }

@@ -1,4 +1,5 @@
-"""Tests for keras_thermo.grads: per-example gradients and covariance estimators.
+"""Tests of the explicit per-example rows (`keras_thermo.per_example.per_example_gradients`), the
+covariance estimators over them (`PerExampleGradients`) and `flatten` / `unflatten`.
 
 References are independent of the code under test: per-example gradients are
 recomputed one example at a time with ``tf.GradientTape`` and flattened with
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_thermo import grads
+from keras_thermo import _tree, per_example
 
 tf.get_logger().setLevel(logging.ERROR)  # pfor logs the ops it cannot convert
 
@@ -139,7 +140,7 @@ def test_per_example_gradients_match_one_at_a_time(model_name, loss_name, weight
     weights = np.linspace(0.5, 2.0, BATCH).astype("float32") if weighted else None
     num_params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
 
-    g = grads.per_example_gradients(model, loss_fn, x, y, sample_weight=weights)
+    g = per_example.per_example_gradients(model, loss_fn, x, y, sample_weight=weights)
 
     assert g.shape == (BATCH, num_params)
     expected = _reference_rows(model, loss_fn, x, y, weights)
@@ -159,7 +160,7 @@ def test_mean_row_is_gradient_of_keras_batch_loss(model_name):
         batch_loss = loss_fn(y, model(x, training=True), sample_weight=weights)
     expected = _flat_gradient(tape, batch_loss, model.trainable_variables)
 
-    g = grads.per_example_gradients(model, loss_fn, x, y, sample_weight=weights)
+    g = per_example.per_example_gradients(model, loss_fn, x, y, sample_weight=weights)
 
     np.testing.assert_allclose(g.numpy().mean(axis=0), expected, rtol=RTOL, atol=ATOL)
 
@@ -174,10 +175,10 @@ def test_callable_and_named_losses():
     def cross_entropy(y_true, y_pred):
         return keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
 
-    g_callable = grads.per_example_gradients(
+    g_callable = per_example.per_example_gradients(
         model, cross_entropy, x, labels, sample_weight=weights
     )
-    g_named = grads.per_example_gradients(model, "mean_squared_error", x, targets)
+    g_named = per_example.per_example_gradients(model, "mean_squared_error", x, targets)
 
     ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     np.testing.assert_allclose(
@@ -201,7 +202,7 @@ def test_columns_follow_trainable_variables_order():
     def half_squared_norm(y_true, y_pred):
         return 0.5 * tf.reduce_sum(tf.square(y_pred - y_true), axis=-1)
 
-    g = grads.per_example_gradients(model, half_squared_norm, x, np.zeros((2, 2), "float32"))
+    g = per_example.per_example_gradients(model, half_squared_norm, x, np.zeros((2, 2), "float32"))
 
     residual = x @ kernel + bias
     expected = np.stack(
@@ -220,7 +221,7 @@ def test_inside_tf_function(model_name, jit_compile):
 
     @tf.function(jit_compile=jit_compile)
     def compute(x, y, w):
-        return grads.per_example_gradients(model, loss_fn, x, y, sample_weight=w)
+        return per_example.per_example_gradients(model, loss_fn, x, y, sample_weight=w)
 
     g = compute(x, y, weights)
 
@@ -241,8 +242,8 @@ class _NoiseProbe(keras.Model):
 
     def train_step(self, data):
         x, y = data
-        g = grads.per_example_gradients(self.net, self.loss, x, y)
-        return {"trace_v": tf.reduce_sum(grads.diagonal_covariance(g))}
+        g = per_example.per_example_gradients(self.net, self.loss, x, y)
+        return {"trace_v": tf.reduce_sum(per_example.diagonal_covariance(g))}
 
 
 def test_inside_fit_with_xla_and_steps_per_execution():
@@ -292,7 +293,7 @@ def test_refuses_layers_that_couple_or_randomise(offending_layer, word):
     model = keras.Sequential([keras.Input((4,)), inner, keras.layers.Dense(2)])
     x = np.ones((3, 4), "float32")
     with pytest.raises(ValueError, match="offender") as info:
-        grads.per_example_gradients(model, "mse", x, np.ones((3, 2), "float32"))
+        per_example.per_example_gradients(model, "mse", x, np.ones((3, 2), "float32"))
     assert word in str(info.value)
 
 
@@ -309,7 +310,7 @@ def test_refuses_layers_that_couple_or_randomise(offending_layer, word):
 def test_refuses_recurrent_settings(recurrent, word):
     model = keras.Sequential([keras.Input((5, 2)), recurrent(), keras.layers.Dense(2)])
     with pytest.raises(ValueError, match="offender") as info:
-        grads.check_per_example_compatible(model)
+        per_example.check_per_example_compatible(model)
     assert word in str(info.value)
 
 
@@ -333,7 +334,7 @@ def test_accepts_frozen_batchnorm_and_zero_rate_dropout():
     x = np.random.default_rng(8).normal(size=(BATCH, 5)).astype("float32")
     loss_fn, y = _loss_and_targets("sparse_ce")
 
-    g = grads.per_example_gradients(model, loss_fn, x, y)
+    g = per_example.per_example_gradients(model, loss_fn, x, y)
 
     expected = _reference_rows(model, loss_fn, x, y)
     np.testing.assert_allclose(g.numpy(), expected, rtol=RTOL, atol=ATOL)
@@ -350,7 +351,7 @@ def test_refuses_masked_outputs():
     )
     x = np.ones((3, 5), "int32")
     with pytest.raises(ValueError, match="mask"):
-        grads.per_example_gradients(model, "mse", x, np.ones((3, 5, 2), "float32"))
+        per_example.per_example_gradients(model, "mse", x, np.ones((3, 5, 2), "float32"))
 
 
 def test_refuses_bad_loss_arguments():
@@ -358,15 +359,15 @@ def test_refuses_bad_loss_arguments():
     y = np.zeros(BATCH, "int32")
     summed = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
     with pytest.raises(ValueError, match="reduction"):
-        grads.per_example_gradients(model, summed, x, y)
+        per_example.per_example_gradients(model, summed, x, y)
     with pytest.raises(TypeError, match="loss_fn"):
-        grads.per_example_gradients(model, 3.0, x, y)
+        per_example.per_example_gradients(model, 3.0, x, y)
     with pytest.raises(ValueError, match=r"sample_weight.*\(6, 2\)"):
-        grads.per_example_gradients(
+        per_example.per_example_gradients(
             model, lambda t, p: tf.reduce_sum(p), x, y, sample_weight=np.ones((BATCH, 2))
         )
     with pytest.raises(ValueError, match="`y` is None"):
-        grads.per_example_gradients(model, "mse", x, None)
+        per_example.per_example_gradients(model, "mse", x, None)
 
 
 class _HistogramScale(keras.layers.Layer):
@@ -394,9 +395,9 @@ def test_unvectorizable_op_error_and_while_loop_fallback():
     loss_fn = keras.losses.MeanSquaredError()
 
     with pytest.raises(ValueError, match="HistogramFixedWidth.*fallback_to_while_loop=True"):
-        grads.per_example_gradients(model, loss_fn, x, y)
+        per_example.per_example_gradients(model, loss_fn, x, y)
 
-    g = grads.per_example_gradients(model, loss_fn, x, y, fallback_to_while_loop=True)
+    g = per_example.per_example_gradients(model, loss_fn, x, y, fallback_to_while_loop=True)
     expected = _reference_rows(model, loss_fn, x, y)
     np.testing.assert_allclose(g.numpy(), expected, rtol=RTOL, atol=ATOL)
 
@@ -410,28 +411,28 @@ def test_centered_and_covariances_match_numpy(dtype):
     g = (rng.normal(size=(7, 5)) * [1.0, 2.0, 0.1, 5.0, 1.0] + 3.0).astype(dtype)
     tol = 1e-5 if dtype == "float32" else 1e-12
 
-    gc = grads.centered(g).numpy()
+    gc = per_example.centered(g).numpy()
     np.testing.assert_allclose(gc.sum(axis=0), 0.0, atol=tol * 10)
     np.testing.assert_allclose(gc, g - g.mean(axis=0), rtol=tol, atol=tol)
     np.testing.assert_allclose(
-        grads.diagonal_covariance(g).numpy(), np.var(g, axis=0, ddof=1), rtol=tol
+        per_example.diagonal_covariance(g).numpy(), np.var(g, axis=0, ddof=1), rtol=tol
     )
     np.testing.assert_allclose(
-        grads.full_covariance(g).numpy(), np.cov(g, rowvar=False), rtol=tol, atol=tol
+        per_example.full_covariance(g).numpy(), np.cov(g, rowvar=False), rtol=tol, atol=tol
     )
 
 
 def test_covariance_needs_two_rows():
     with pytest.raises(ValueError, match="n=1"):
-        grads.diagonal_covariance(np.ones((1, 3), "float32"))
+        per_example.diagonal_covariance(np.ones((1, 3), "float32"))
     with pytest.raises(ValueError, match="n=1"):
-        grads.full_covariance(np.ones((1, 3), "float32"))
+        per_example.full_covariance(np.ones((1, 3), "float32"))
     with pytest.raises(ValueError, match="rank 2"):
-        grads.centered(np.ones(3, "float32"))
+        per_example.centered(np.ones(3, "float32"))
 
     # Batch size unknown while tracing: checked when the graph runs.
     unknown_rows = tf.function(
-        grads.diagonal_covariance, input_signature=[tf.TensorSpec([None, 3], tf.float32)]
+        per_example.diagonal_covariance, input_signature=[tf.TensorSpec([None, 3], tf.float32)]
     )
     variances = unknown_rows(np.eye(3, dtype="float32")).numpy()
     np.testing.assert_allclose(variances, [1 / 3] * 3, rtol=1e-6)
@@ -448,25 +449,25 @@ def test_flatten_unflatten_round_trip_exactly():
     rng = np.random.default_rng(11)
     tensors = [rng.normal(size=v.shape).astype("float32") for v in variables]
 
-    flat = grads.flatten(tensors)
+    flat = _tree.flatten(tensors)
     np.testing.assert_array_equal(flat.numpy(), np.concatenate([t.ravel() for t in tensors]))
 
-    back = grads.unflatten(flat, variables)
+    back = _tree.unflatten(flat, variables)
     assert [b.shape.as_list() for b in back] == [list(v.shape) for v in variables]
     for original, restored in zip(tensors, back):
         np.testing.assert_array_equal(restored.numpy(), original)
 
     vector = rng.normal(size=flat.shape[0]).astype("float32")
-    round_trip = grads.flatten(grads.unflatten(vector, variables))
+    round_trip = _tree.flatten(_tree.unflatten(vector, variables))
     np.testing.assert_array_equal(round_trip.numpy(), vector)
 
 
 def test_flatten_unflatten_refuse_bad_input():
     with pytest.raises(ValueError, match="empty"):
-        grads.flatten([])
+        _tree.flatten([])
     with pytest.raises(TypeError, match="dtype"):
-        grads.flatten([tf.ones(2, tf.float32), tf.ones(2, tf.float64)])
+        _tree.flatten([tf.ones(2, tf.float32), tf.ones(2, tf.float64)])
     with pytest.raises(ValueError, match="5 entries.*6"):
-        grads.unflatten(tf.zeros(5), [tf.ones([2, 3])])
+        _tree.unflatten(tf.zeros(5), [tf.ones([2, 3])])
     with pytest.raises(ValueError, match="rank 1"):
-        grads.unflatten(tf.zeros([2, 3]), [tf.ones([2, 3])])
+        _tree.unflatten(tf.zeros([2, 3]), [tf.ones([2, 3])])
