@@ -281,12 +281,15 @@ def _figure(entry: dict) -> str:
 def markdown(payload: dict) -> str:
     """The table of a payload's runs, one row per run."""
     lines = [
-        "| network | h | sampler | warm-up | seed | steps | steps to T | final verdict (MSER burn-in) | kinetic T, last half | configurational T, last half |",
+        "| network | h | sampler | warm-up | seed | steps | steps to T | at the end: whole net; every variable (MSER burn-in) | kinetic T, last half | configurational T, last half |",
         "|---|---:|---|---|---:|---:|---:|---|---:|---:|",
     ]
+    words = {True: "at T", False: "not at T", None: "pending"}
     for r in payload["runs"]:
         half = r["last_half"]
-        verdict = {True: "at T", False: "not at T", None: "pending"}[r["final_equilibrated"]]
+        rows = r["trace"]["rows"]
+        whole_net = words[bool(rows[-1][3])] if rows and r["final_equilibrated"] is not None else words[None]
+        verdict = f"{whole_net}; {words[r['final_equilibrated']]}"
         lines.append(
             f"| {r['network']} | {r['step_size']:.3g} | {r['sampler']} | "
             f"{r['warmup'] if r['warmup'] != 'default' else str(r['warmup_steps'])} | {r['seed']} | {r['steps']} | "
