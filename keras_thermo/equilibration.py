@@ -37,7 +37,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_thermo._distribute import replica_local_variable
-from keras_thermo._validation import check_int, check_non_negative, check_number
+from keras_thermo._validation import check_int, check_non_negative, check_number, check_positive
 
 KINETIC, CONFIGURATIONAL = 0, 1
 KINDS = ("kinetic", "configurational")
@@ -238,6 +238,9 @@ class EquilibrationCheck(keras.callbacks.Callback):
         min_blocks: Blocks after the burn-in needed for a verdict (>= 2).
         confidence: Probability that an equilibrated run passes every comparison.
         rtol: Deviations below `rtol * T` pass even when significant (0 = strict test).
+        max_band: Comparisons whose band `z * standard error` is wider than `max_band * T` are
+            undetermined (`in_band` None): they could not tell T from a run that far off it. The
+            verdict is None while no temperature of the whole net is resolved. None: no gate.
         min_variable_size: Variables with fewer scalars are reported but not judged (their
             temperatures fluctuate too much to say anything).
         log_dir: Optional TensorBoard directory.
@@ -264,6 +267,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
         min_blocks: int = 10,
         confidence: float = 0.99,
         rtol: float = 0.05,
+        max_band: float | None = 0.25,
         min_variable_size: int = 100,
         log_dir: str | None = None,
         warn: bool | str = True,
@@ -280,6 +284,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
         self.min_blocks = check_int("min_blocks", min_blocks, low=2)
         self.confidence = check_number("confidence", confidence, low=0.0, high=1.0, high_inclusive=False)
         self.rtol = check_non_negative("rtol", rtol)
+        self.max_band = None if max_band is None else check_positive("max_band", max_band)
         self.min_variable_size = check_int("min_variable_size", min_variable_size, low=1)
         self.log_dir = log_dir
         if warn not in (True, False, "epoch", "end"):
@@ -436,9 +441,11 @@ class EquilibrationCheck(keras.callbacks.Callback):
 
     @staticmethod
     def _whole_net_in_band(report: dict[str, Any]) -> bool:
-        """Whether both temperatures of the whole net are in band (what starts linked recording:
-        per-variable misses are reported and warned about, but need not hold the average back)."""
-        return all(report["overall"][kind]["in_band"] for kind in KINDS)
+        """Whether the whole net's temperatures are in band, those the run resolves (what starts
+        linked recording: per-variable misses are reported and warned about, but need not hold
+        the average back)."""
+        verdicts = [report["overall"][kind]["in_band"] for kind in KINDS]
+        return any(v is not None for v in verdicts) and all(v is not False for v in verdicts)
 
     def _temperature(self) -> float:
         return self.temperature if self.temperature is not None else float(self.model.temperature)
@@ -465,7 +472,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
             return max(ramp, int(np.searchsorted(first, self.burn_in_steps + 1)))
         used = np.flatnonzero((weights > 0) & (np.arange(len(first)) >= ramp))
         if len(used) < 3:
-            return 0
+            return ramp  # too few blocks for MSER; the warm-up's or ramp's never count
         means = sums[used, :, 0] / weights[used, None]
         drop = max(mser_truncation(means[:, kind]) for kind in (KINETIC, CONFIGURATIONAL))
         return int(used[drop])
@@ -489,6 +496,9 @@ class EquilibrationCheck(keras.callbacks.Callback):
         z = critical_value(self.confidence, 2 * int(judged.sum()))
         band = np.maximum(z * error, self.rtol * temperature)
         in_band = np.abs(mean - temperature) <= band
+        # A band wider than max_band * T cannot tell T from a run that far off it: undetermined.
+        max_band = math.inf if self.max_band is None else self.max_band
+        resolved = judged[None, :] & (z * error <= max_band * temperature)
         pending = num_blocks < self.min_blocks
 
         def entry(column: int) -> dict[str, Any]:
@@ -496,12 +506,13 @@ class EquilibrationCheck(keras.callbacks.Callback):
                 kind: {
                     "mean": float(mean[k, column]),
                     "standard_error": float(error[k, column]),
-                    "in_band": None if pending or not judged[column] else bool(in_band[k, column]),
+                    "in_band": None if pending or not resolved[k, column] else bool(in_band[k, column]),
                 }
                 for k, kind in enumerate(KINDS)
             }
 
-        verdict = None if pending else bool(np.all(in_band[:, judged]))
+        undetermined = pending or not resolved[:, 0].any()
+        verdict = None if undetermined else bool(np.all(in_band[resolved]))
         return {
             "equilibrated": verdict,
             "equilibration_step": int(first[drop] - 1) if drop < len(first) else (int(last[-1]) if len(last) else 0),
@@ -554,6 +565,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
             "min_blocks": self.min_blocks,
             "confidence": self.confidence,
             "rtol": self.rtol,
+            "max_band": self.max_band,
             "min_variable_size": self.min_variable_size,
             "log_dir": self.log_dir,
             "warn": self.warn,

@@ -152,6 +152,8 @@ def test_mirrored_run_equals_single_device_run(name):
         )
     assert set(distributed_history.logs[0]) == set(single_history.logs[0])
     for key in single_history.logs[0]:
+        if key == "output_spread":  # a range over the batch: each replica's share has its own
+            continue
         expected = np.asarray(single_history.series(key))
         # -theta.F/Nd is a sum of terms that cancel (it crosses zero while its terms reach
         # |theta.F|/Nd ~ max|value|): its summation-order error scales with the terms.

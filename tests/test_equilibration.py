@@ -109,7 +109,10 @@ def _linear_regression_model(sampler, temperature=1.0, seed=0):
 
 def _fit_with_check(temperature, check_temperature=None, epochs=30, seed=0, **check_kwargs):
     model, x, y = _linear_regression_model(_exact_sgnht(), temperature, seed=seed)
-    kwargs = dict(block_steps=100, min_blocks=10, rtol=0.0, min_variable_size=1, temperature=check_temperature)
+    # Three weights: the temperatures' batch-means errors are ~0.1 T, too coarse for the default
+    # resolution gate (max_band=0.25, tested below); these runs test the band itself.
+    kwargs = dict(block_steps=100, min_blocks=10, rtol=0.0, min_variable_size=1, temperature=check_temperature,
+                  max_band=None)
     kwargs.update(check_kwargs)
     check = kt.callbacks.EquilibrationCheck(**kwargs)
     with warnings.catch_warnings(record=True) as caught:
@@ -146,6 +149,20 @@ def test_an_exact_run_is_in_band_overall_and_per_variable(hot_run_checked_at_two
 # 20 under both (`python -m benchmarks.lab.stream_sensitivity --controls equilibration-wrong-T-15-epochs
 # equilibration-wrong-T-30-epochs --seeds 20`, benchmarks/results/stream_sensitivity_equilibration.json).
 WRONG_TEMPERATURE_EPOCHS = 30
+
+
+def test_a_band_wider_than_max_band_leaves_the_verdict_undetermined(hot_run_checked_at_two):
+    check, _, _ = hot_run_checked_at_two
+    for max_band in (0.25, 0.5):
+        check.max_band = max_band
+        report = check.report()
+        z = equilibration.critical_value(check.confidence, 2 * (1 + 2))
+        widths = {kind: z * report["overall"][kind]["standard_error"] / report["temperature"] for kind in equilibration.KINDS}
+        for kind, width in widths.items():
+            assert (report["overall"][kind]["in_band"] is None) == (width > max_band), (kind, width)
+        if all(width > max_band for width in widths.values()):
+            assert report["equilibrated"] is None
+    check.max_band = None
 
 
 def test_the_same_run_checked_at_the_wrong_temperature_is_flagged_and_warned():
@@ -189,8 +206,8 @@ def test_sgld_velocity_and_tact_plateau():
 
 def test_recording_starts_when_the_check_finds_the_run_in_band(tmp_path):
     model, x, y = _linear_regression_model(_exact_sgnht(), 2.0)
-    check = kt.callbacks.EquilibrationCheck(
-        block_steps=50, min_blocks=5, rtol=0.0, min_variable_size=1, log_dir=str(tmp_path)
+    check = kt.callbacks.EquilibrationCheck(  # max_band=None: three weights (see _fit_with_check)
+        block_steps=50, min_blocks=5, rtol=0.0, min_variable_size=1, log_dir=str(tmp_path), max_band=None
     )
     collector = kt.callbacks.SampleCollector(burn_in_steps=check, every_n_steps=7)
     assert "has not yet found the run in band" in collector.burn_in_description()

@@ -133,7 +133,9 @@ def _regression_model(temperature, seed=3):
     keras.utils.set_random_seed(1)
     net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="tanh"), keras.layers.Dense(1)])
     model = kt.BayesianModel(
-        net, kt.samplers.SGNHT(1e-2), num_examples=64, prior=kt.priors.Gaussian(1.0),
+        # No warm-up: these runs are about the temperature ramp, which alone should hold back
+        # an EquilibrationCheck (a warm-up would too, see tests/test_temperature_check.py).
+        net, kt.samplers.SGNHT(1e-2, warmup_steps=0), num_examples=64, prior=kt.priors.Gaussian(1.0),
         temperature=temperature, seed=seed,
     )
     model.compile(loss="mse")
@@ -227,15 +229,16 @@ def test_a_built_model_keeps_the_kind_of_its_temperature():
 
 @pytest.mark.parametrize("ramp", [True, False])
 def test_an_equilibration_check_starts_no_recording_before_the_ramp_ends(ramp):
-    # `max_burn_in_steps=0` starts the linked recording at the first drain (after step 1, so step
-    # 2 is the first one recorded); a ramp holds it back until its T has settled: step 6 is the
-    # last burn-in step and step 7 (which ran at T(6) = 1) the first recorded.
+    # `max_burn_in_steps=0` starts the linked recording at the first drain (the check reads its
+    # sums back once a block's worth of steps has run: after step 2, so step 3 is the first one
+    # recorded); a ramp holds it back until its T has settled: step 6 is the last burn-in step
+    # and step 7 (which ran at T(6) = 1) the first recorded.
     temperature = kt.schedules.TemperatureRamp(5.0, 1.0, ramp_steps=6) if ramp else 1.0
     model = _regression_model(temperature)
     check = kt.callbacks.EquilibrationCheck(block_steps=2, max_burn_in_steps=0, warn=False)
     collector = kt.callbacks.SampleCollector(burn_in_steps=check, every_n_steps=1)
     model.fit(_regression_data(), steps_per_epoch=10, epochs=1, verbose=0, callbacks=[check, collector])
-    first_recorded = 7 if ramp else 2
+    first_recorded = 7 if ramp else 3
     assert check.recording_started_at == (6 if ramp else 0)
     np.testing.assert_array_equal(collector.steps, np.arange(first_recorded, 11))
 
