@@ -37,7 +37,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_thermo._distribute import replica_local_variable
-from keras_thermo._validation import check_int, check_non_negative, check_number, check_positive
+from keras_thermo._validation import check_bool, check_int, check_non_negative, check_number, check_positive
 
 KINETIC, CONFIGURATIONAL = 0, 1
 KINDS = ("kinetic", "configurational")
@@ -165,7 +165,8 @@ class TemperatureRecorder:
     `weight` the `w_t`, in float64, since the last drain; `steps` counts the steps.
     """
 
-    def __init__(self, num_variables: int):
+    def __init__(self, num_variables: int, whole_net: bool = False):
+        self.whole_net = whole_net  # fed the step's logged whole-net temperatures (one "variable")
         self.sums = replica_local_variable(tf.zeros([2, num_variables], tf.float64), name="temperature_sums")
         self.weight = replica_local_variable(tf.constant(0.0, tf.float64), name="temperature_weight")
         self.steps = replica_local_variable(tf.constant(0, tf.int64), name="temperature_steps")
@@ -250,6 +251,9 @@ class EquilibrationCheck(keras.callbacks.Callback):
         temperature: The T to compare with; None (default) takes the model's temperature.
         max_burn_in_steps: Linked recording callbacks start at this step at the latest, even if
             the run is not at T by then (`recording_started_by` says which happened); None waits.
+        per_variable: True (default): judge every variable too, from per-variable sums the step
+            computes for it. False: the whole net only, from the temperatures the step logs
+            anyway (no extra work in the step; what the default check does).
 
     Example:
         >>> check = EquilibrationCheck(block_steps=50, min_blocks=10)
@@ -273,6 +277,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
         warn: bool | str = True,
         temperature: float | None = None,
         max_burn_in_steps: int | None = None,
+        per_variable: bool = True,
     ):
         super().__init__()
         if burn_in_steps != "auto":
@@ -294,6 +299,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
         self.max_burn_in_steps = (
             None if max_burn_in_steps is None else check_int("max_burn_in_steps", max_burn_in_steps, low=0)
         )
+        self.per_variable = check_bool("per_variable", per_variable)
         self.recorder: TemperatureRecorder | None = None
         self._attached_to = None
         self._linked: list = []
@@ -319,10 +325,13 @@ class EquilibrationCheck(keras.callbacks.Callback):
         to the same model again (a later `fit`) keeps its recorder, so the compiled step stays."""
         variables = model.trainable_variables
         if self.recorder is None or self._attached_to is not model:
-            self._names = [getattr(v, "path", v.name) for v in variables]
-            self._sizes = np.array([int(np.prod(v.shape)) for v in variables], np.float64)
+            if self.per_variable:
+                self._names = [getattr(v, "path", v.name) for v in variables]
+                self._sizes = np.array([int(np.prod(v.shape)) for v in variables], np.float64)
+            else:
+                self._names, self._sizes = [], np.zeros(0)
             with model.distribute_strategy.scope():
-                self.recorder = TemperatureRecorder(len(variables))
+                self.recorder = TemperatureRecorder(max(1, len(self._names)), whole_net=not self.per_variable)
             self._attached_to = model
         self._step = int(model.sampler_step)
         schedule = getattr(model, "temperature_schedule", None)
@@ -425,7 +434,8 @@ class EquilibrationCheck(keras.callbacks.Callback):
                 for kind, row in zip(KINDS, means):
                     for name, value in zip(self._names, row):
                         tf.summary.scalar(f"temperature/{kind}/{name}", value)
-                    tf.summary.scalar(f"temperature/{kind}/overall", float(row @ self._sizes / self._sizes.sum()))
+                    overall = row @ self._sizes / self._sizes.sum() if self.per_variable else row[0]
+                    tf.summary.scalar(f"temperature/{kind}/overall", float(overall))
                 tf.summary.scalar("temperature/target", float(self._temperature()))
         if self.equilibrated_at_step is None and self._whole_net_in_band(self.report()):
             self.equilibrated_at_step = last
@@ -461,6 +471,8 @@ class EquilibrationCheck(keras.callbacks.Callback):
         last = np.array([b[1] for b in self._blocks], np.int64)
         weights = np.array([b[2] for b in self._blocks])
         per_variable = np.stack([b[3] for b in self._blocks])
+        if not self.per_variable:  # the recorder's one column is the whole net
+            return first, last, weights, per_variable
         overall = per_variable @ self._sizes / self._sizes.sum()
         return first, last, weights, np.concatenate([overall[:, :, None], per_variable], axis=2)
 
@@ -571,11 +583,14 @@ class EquilibrationCheck(keras.callbacks.Callback):
             "warn": self.warn,
             "temperature": self.temperature,
             "max_burn_in_steps": self.max_burn_in_steps,
+            "per_variable": self.per_variable,
         }
 
 
 def default_check() -> EquilibrationCheck:
     """The check `BayesianModel(temperature_check=True)` runs in every `fit` that has none:
-    blocks of 100 steps, a verdict once 10 blocks follow the burn-in (MSER, never before the
-    sampler's warm-up ends), and one warning at the end of a `fit` whose verdict is out of band."""
-    return EquilibrationCheck(warn="end")
+    the whole net's logged temperatures (no extra work in the step; an `EquilibrationCheck` of
+    your own judges every variable), blocks of 100 steps, a verdict once 10 blocks follow the
+    burn-in (MSER, never before the sampler's warm-up ends), and one warning at the end of a
+    `fit` whose verdict is out of band."""
+    return EquilibrationCheck(warn="end", per_variable=False)

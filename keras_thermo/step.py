@@ -282,18 +282,27 @@ class SamplingStep:
                 recorder.maybe_record(completed, is_sample, recorded)
         whole_net_configurational = None
         if self._runtime.temperature_recorders:
-            per_chain = [
-                self._variable_temperatures(self._chain_state(state, k), chain_states[k], params[k], new_params[k], force[k])
-                for k in chains
-            ]
-            weight, kinetic, configurational = (tf.stack(column) for column in zip(*per_chain))
-            for recorder in self._runtime.temperature_recorders:
-                recorder.record(weight, tf.unstack(kinetic, axis=1), tf.unstack(configurational, axis=1))
-            # The logged whole-net value from the same sums (no second pass over the weights).
-            sizes = tf.constant([float(np.prod(p.shape)) for p in params[0]], tf.float64)
-            whole_net_configurational = [
-                tf.cast(tf.reduce_sum(configurational[k] * sizes) / tf.reduce_sum(sizes), tf.float32) for k in chains
-            ]
+            weight = tf.stack([self._temperature_weight(self._chain_state(state, k)) for k in chains])
+            per_variable = [r for r in self._runtime.temperature_recorders if not r.whole_net]
+            if per_variable:
+                kinetic, configurational = (tf.stack(column) for column in zip(*[
+                    self._variable_temperatures(chain_states[k], params[k], new_params[k], force[k]) for k in chains
+                ]))
+                for recorder in per_variable:
+                    recorder.record(weight, tf.unstack(kinetic, axis=1), tf.unstack(configurational, axis=1))
+                # The logged whole-net value from the same sums (no second pass over the weights).
+                sizes = tf.constant([float(np.prod(p.shape)) for p in params[0]], tf.float64)
+                whole_net_configurational = [
+                    tf.cast(tf.reduce_sum(configurational[k] * sizes) / tf.reduce_sum(sizes), tf.float32) for k in chains
+                ]
+            else:
+                whole_net_configurational = [configurational_temperature(p, f) for p, f in zip(params, force)]
+            whole_net = [r for r in self._runtime.temperature_recorders if r.whole_net]
+            if whole_net:  # the logged values themselves: nothing more to compute
+                kinetic = tf.stack([tf.cast(d["kinetic_temperature"], tf.float64) for d in diagnostics])
+                configurational = tf.cast(tf.stack(whole_net_configurational), tf.float64)
+                for recorder in whole_net:
+                    recorder.record(weight, [kinetic], [configurational])
 
         for k in chains:
             x, y, sample_weight = batches[k]
@@ -492,19 +501,18 @@ class SamplingStep:
         )
         return ok
 
-    def _variable_temperatures(self, state, new_state, params, new_params, force):
-        """`(weight, kinetic [V], configurational [V])` of a completed step: per-variable
-        temperatures for the `EquilibrationCheck` callbacks; steps that did not apply, or where
-        the sampler is not at T (TACT-HMC off its plateau), weigh 0."""
+    def _temperature_weight(self, state) -> tf.Tensor:
+        """1.0 for a completed step that counts towards the temperature checks, 0.0 for a step
+        that did not apply or where the sampler is not at T (TACT-HMC off its plateau)."""
+        applied = self._runtime.diverged_at < 0
+        return tf.cast(tf.logical_and(applied, self.sampler.at_target_temperature(state)), tf.float64)
+
+    def _variable_temperatures(self, new_state, params, new_params, force):
+        """`(kinetic [V], configurational [V])` of a completed step: per-variable temperatures
+        for the `EquilibrationCheck` callbacks that judge each variable."""
         kinetic = self.sampler.variable_kinetic_temperatures(new_state, params, new_params)
         configurational = kt_equilibration.variable_configurational_temperatures(params, force)
-        applied = self._runtime.diverged_at < 0
-        weight = tf.logical_and(applied, self.sampler.at_target_temperature(state))
-        return (
-            tf.cast(weight, tf.float64),
-            tf.cast(tf.stack(kinetic), tf.float64),
-            tf.cast(tf.stack(configurational), tf.float64),
-        )
+        return tf.cast(tf.stack(kinetic), tf.float64), tf.cast(tf.stack(configurational), tf.float64)
 
     def _raise_if_diverged(self) -> None:
         uneven = int(self._runtime.uneven_batch.numpy())
