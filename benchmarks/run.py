@@ -1131,7 +1131,7 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
     import keras  # noqa: PLC0415
 
     import keras_thermo as kt  # noqa: PLC0415
-    from keras_thermo.posterior import PosteriorAverage  # noqa: PLC0415
+    from keras_thermo.posterior_average import PosteriorAverage  # noqa: PLC0415
 
     training = config["training"]
     seed = int(training["seed"])

@@ -7,7 +7,7 @@ that they drain after each execution (`ParameterRecorder`, `keras_thermo._record
 
 from keras_thermo._recording import ParameterRecorder, RecordingCallback, SampleCollector
 from keras_thermo.equilibration import EquilibrationCheck
-from keras_thermo.posterior import PosteriorAverage
+from keras_thermo.posterior_average import PosteriorAverage
 from keras_thermo.tact_histograms import TACTHistograms
 
 __all__ = [

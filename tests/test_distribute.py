@@ -25,7 +25,8 @@ import tensorflow as tf
 import keras_thermo as kt
 from keras_thermo.callbacks import TACTHistograms
 
-N = 128
+from helpers import NUM_EXAMPLES, regression_arrays, regression_model
+
 GLOBAL_BATCH = 16
 STEPS = 200  # one epoch over the data repeated: a new epoch costs a distributed iterator
 STEPS_PER_EXECUTION = 1  # Keras 3 cannot run steps_per_execution > 1 under MirroredStrategy
@@ -52,25 +53,6 @@ def _strategy():
     if len(devices) < 2:
         pytest.skip("needs the two logical CPU devices set up by tests/conftest.py")
     return tf.distribute.MirroredStrategy(devices)
-
-
-def _arrays():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(N, 3)).astype("float32")
-    y = (x @ np.array([[1.0], [-2.0], [0.5]]) + 0.3 * rng.normal(size=(N, 1))).astype("float32")
-    return x, y
-
-
-def _model(make_sampler, seed=11):
-    keras.utils.set_random_seed(1)
-    net = keras.Sequential(
-        [keras.Input((3,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)]
-    )
-    model = kt.BayesianModel(
-        net, make_sampler(), num_examples=N, prior=kt.priors.Gaussian(1.0), seed=seed
-    )
-    model.compile(loss="mse", steps_per_execution=STEPS_PER_EXECUTION)
-    return model
 
 
 class _StepLogs(keras.callbacks.Callback):
@@ -110,19 +92,19 @@ class _ReplicasAgree(keras.callbacks.Callback):
 
 def _dataset(x, y):
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH).repeat(
-        STEPS * GLOBAL_BATCH // N
+        STEPS * GLOBAL_BATCH // NUM_EXAMPLES
     )
 
 
 def _fit(model, callbacks=()):
     steps = _StepLogs()
-    model.fit(_dataset(*_arrays()), epochs=1, verbose=0, callbacks=[steps, *callbacks])
+    model.fit(_dataset(*regression_arrays()), epochs=1, verbose=0, callbacks=[steps, *callbacks])
     return steps
 
 
 def _distributed_model(strategy, make_sampler, seed=11):
     with strategy.scope():
-        return _model(make_sampler, seed)
+        return regression_model(make_sampler, seed)
 
 
 # Default-suite time: these four cover every kind of cross-replica sum (thermostat, covariance
@@ -137,7 +119,7 @@ MIRRORED_DEFAULT = {"sgnht-symmetric", "ccadl-diag", "mccadl-gram", "tact-hmc"}
 def test_mirrored_run_equals_single_device_run(name):
     strategy = _strategy()
     make_sampler = SAMPLER_CONFIGS[name]
-    single = _model(make_sampler)
+    single = regression_model(make_sampler)
     single_history = _fit(single)
 
     distributed = _distributed_model(strategy, make_sampler)
@@ -166,7 +148,7 @@ def test_mirrored_run_equals_single_device_run(name):
 def test_another_seed_is_far_outside_the_tolerance():
     """The negative control of the comparison above: a different noise seed moves the chain."""
     make_sampler = SAMPLER_CONFIGS["sghmc"]
-    first, second = _model(make_sampler, seed=11), _model(make_sampler, seed=12)
+    first, second = regression_model(make_sampler, seed=11), regression_model(make_sampler, seed=12)
     _fit(first)
     _fit(second)
     gaps = [np.max(np.abs(a.numpy() - b.numpy())) for a, b in zip(first.trainable_variables, second.trainable_variables)]
@@ -176,7 +158,7 @@ def test_another_seed_is_far_outside_the_tolerance():
 def test_recording_callbacks_match_single_device():
     strategy = _strategy()
     make_sampler = SAMPLER_CONFIGS["sghmc"]
-    x, y = _arrays()
+    x, y = regression_arrays()
     labels = (y[:, 0] > 0).astype("int32")
 
     def run(model):
@@ -189,7 +171,9 @@ def test_recording_callbacks_match_single_device():
     def classifier():
         keras.utils.set_random_seed(1)
         net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-        model = kt.BayesianModel(net, make_sampler(), num_examples=N, prior=kt.priors.Gaussian(1.0), seed=5)
+        model = kt.BayesianModel(
+            net, make_sampler(), num_examples=NUM_EXAMPLES, prior=kt.priors.Gaussian(1.0), seed=5
+        )
         model.compile(
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             steps_per_execution=STEPS_PER_EXECUTION,
@@ -211,9 +195,9 @@ def test_recording_callbacks_match_single_device():
 
 def test_divergence_under_a_strategy_keeps_the_last_finite_state():
     strategy = _strategy()
-    x, y = _arrays()
+    x, y = regression_arrays()
     with strategy.scope():
-        model = _model(lambda: kt.samplers.SGHMC(1.0, friction=0.1))
+        model = regression_model(lambda: kt.samplers.SGHMC(1.0, friction=0.1))
     with pytest.raises(kt.SamplerDivergedError):
         model.fit(_dataset(100 * x, 100 * y), epochs=1, verbose=0)
     for variable in model.variables:
@@ -244,7 +228,7 @@ def test_tensorboard_diagnostics_and_tact_histograms_match_single_device(tmp_pat
         _fit(model, callbacks)
         return _events(log_dir)
 
-    single = run(_model(make_sampler), tmp_path / "single")
+    single = run(regression_model(make_sampler), tmp_path / "single")
     distributed = run(_distributed_model(strategy, make_sampler), tmp_path / "distributed")
 
     for tag in ("batch_xi", "batch_effective_temperature", "batch_potential", "tact_hmc/abf_mean_force", "tact_hmc/xi"):

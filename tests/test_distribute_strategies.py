@@ -22,8 +22,8 @@ import tensorflow as tf
 
 import keras_thermo as kt
 from keras_thermo import _distribute
-from test_distribute import _arrays
-from test_distribute import _model as _model_from_factory
+
+from helpers import regression_arrays, regression_model
 
 GLOBAL_BATCH = 16
 RTOL, ATOL = 1e-4, 1e-5  # as tests/test_distribute.py: a few ulp of summation order per step
@@ -38,12 +38,12 @@ def _devices():
 
 
 def _model(sampler, seed=11):
-    """tests/test_distribute.py's model, with this sampler instance."""
-    return _model_from_factory(lambda: sampler, seed)
+    """The shared regression model (tests/helpers.py), with this sampler instance."""
+    return regression_model(lambda: sampler, seed)
 
 
 def _fit(model, steps):
-    dataset = tf.data.Dataset.from_tensor_slices(_arrays()).batch(GLOBAL_BATCH).repeat().take(steps)
+    dataset = tf.data.Dataset.from_tensor_slices(regression_arrays()).batch(GLOBAL_BATCH).repeat().take(steps)
     model.fit(dataset, epochs=1, verbose=0)
 
 

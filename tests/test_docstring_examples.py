@@ -7,15 +7,26 @@ import doctest
 import pytest
 
 from benchmarks import run
-from keras_thermo import _recording, chains, diagnostics, equilibration, model, posterior, priors, random, schedules
+from keras_thermo import (
+    _recording,
+    chains,
+    diagnostics,
+    equilibration,
+    model,
+    posterior,
+    posterior_average,
+    priors,
+    random,
+    schedules,
+)
 from keras_thermo.metrics import classification, mixture
 from keras_thermo.samplers import base, preconditioning, units
 
 
 @pytest.mark.parametrize(
     "module",
-    [classification, mixture, diagnostics, posterior, _recording, schedules, priors, preconditioning, chains, random, run,
-     equilibration, model, base, units],
+    [classification, mixture, diagnostics, posterior, posterior_average, _recording, schedules, priors,
+     preconditioning, chains, random, run, equilibration, model, base, units],
     ids=lambda m: m.__name__,
 )
 def test_docstring_examples_run(module):

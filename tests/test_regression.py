@@ -11,6 +11,7 @@ import tensorflow as tf
 from scipy import integrate, optimize, special, stats
 
 import keras_thermo as kt
+from keras_thermo import regression_metrics
 from keras_thermo.regression import RegressionPrediction, TargetScaler
 
 
@@ -78,7 +79,7 @@ def test_crps_pair_term_in_blocks_equals_one_block(monkeypatch):
     means, stds, weights = _random_mixture(3, num_samples=7)
     y = np.zeros((3, 2))
     whole = RegressionPrediction.from_components(means, stds, weights).crps(y)
-    monkeypatch.setattr(kt.regression, "_PAIR_BLOCK_ELEMENTS", 1)  # one sample a block
+    monkeypatch.setattr(regression_metrics, "_PAIR_BLOCK_ELEMENTS", 1)  # one sample a block
     np.testing.assert_allclose(RegressionPrediction.from_components(means, stds, weights).crps(y), whole, rtol=1e-12)
 
 
@@ -426,6 +427,6 @@ def test_target_scaler_keeps_a_constant_target_unscaled():
 def test_docstring_examples_run():
     import doctest  # noqa: PLC0415
 
-    for module in (kt.losses, kt.regression):
+    for module in (kt.losses, kt.regression, regression_metrics):
         result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
         assert result.attempted > 0 and result.failed == 0, module.__name__

@@ -1,0 +1,31 @@
+"""Small data sets and nets that several test modules share (no test module imports another)."""
+
+import keras
+import numpy as np
+
+import keras_thermo as kt
+
+NUM_EXAMPLES = 128  # of `regression_arrays()`
+
+
+def regression_arrays():
+    """`(x [128, 3], y [128, 1])` float32: a noisy linear target, the same on every call."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(NUM_EXAMPLES, 3)).astype("float32")
+    y = (x @ np.array([[1.0], [-2.0], [0.5]]) + 0.3 * rng.normal(size=(NUM_EXAMPLES, 1))).astype("float32")
+    return x, y
+
+
+def regression_model(make_sampler, seed=11):
+    """A 3-4-1 tanh net for `regression_arrays()` in a `BayesianModel` with `make_sampler()`,
+    compiled with mse and one step per execution (Keras 3 cannot run more under
+    MirroredStrategy); the same initial weights on every call, the noise keyed by `seed`."""
+    keras.utils.set_random_seed(1)
+    net = keras.Sequential(
+        [keras.Input((3,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)]
+    )
+    model = kt.BayesianModel(
+        net, make_sampler(), num_examples=NUM_EXAMPLES, prior=kt.priors.Gaussian(1.0), seed=seed
+    )
+    model.compile(loss="mse", steps_per_execution=1)
+    return model
