@@ -56,6 +56,7 @@ SLOW_CASES = {
     "tests/test_model.py::test_loss_weights_scale_the_per_example_noise_covariance_by_their_square[mccadl-dense_layers]",
     "tests/test_multi_worker.py::test_workers_take_every_step_and_hold_identical_weights[mccadl_dense_layers]",
     "tests/test_samplers_units.py::test_sghmc_without_noise_is_keras_sgd_with_that_learning_rate_and_momentum[0.0]",
+    "tests/test_per_example_rows.py::test_inside_tf_function[lstm-xla]",
 }
 
 
