@@ -57,6 +57,7 @@ SLOW_CASES = {
     "tests/test_multi_worker.py::test_workers_take_every_step_and_hold_identical_weights[mccadl_dense_layers]",
     "tests/test_samplers_units.py::test_sghmc_without_noise_is_keras_sgd_with_that_learning_rate_and_momentum[0.0]",
     "tests/test_per_example_rows.py::test_inside_tf_function[lstm-xla]",
+    "tests/test_chains.py::test_each_chain_of_a_shared_batch_run_is_the_one_chain_run_with_its_seed_and_start[sgnht-loop]",
 }
 
 
