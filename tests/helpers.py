@@ -29,3 +29,13 @@ def regression_model(make_sampler, seed=11):
     )
     model.compile(loss="mse", steps_per_execution=1)
     return model
+
+
+def assert_close_to_scale(actual, expected, rtol: float) -> None:
+    """Equal shapes and every entry within `rtol * max |expected|` (a nonzero scale): the
+    comparison of per-example statistics whose entries span many orders of magnitude."""
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape
+    scale = np.max(np.abs(expected))
+    assert scale > 0
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=rtol * scale)

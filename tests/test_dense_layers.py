@@ -38,6 +38,7 @@ from keras_thermo.linalg import taylor as taylor_module
 from keras_thermo.linalg import gram as gram_module
 from keras_thermo.linalg.operators import MatrixRows
 from keras_thermo.linalg.dispatch import GRAM, TAYLOR
+from helpers import assert_close_to_scale
 
 tf.get_logger().setLevel(logging.ERROR)  # pfor logs retracing of its helper functions
 
@@ -92,11 +93,7 @@ def _both_paths(net, loss, x, y, weights):
 
 
 def _assert_close(actual, expected, rtol=RTOL):
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    assert actual.shape == expected.shape
-    scale = np.max(np.abs(expected))
-    assert scale > 0
-    np.testing.assert_allclose(actual, expected, rtol=0, atol=rtol * scale)
+    assert_close_to_scale(actual, expected, rtol)
 
 
 # ---------------------------------------------------------------------------------------------

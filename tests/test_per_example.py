@@ -43,6 +43,7 @@ from keras_thermo import per_example
 from keras_thermo.per_example import blocks as kt_blocks
 from keras_thermo.per_example.rules import conv as conv_rule
 from keras_thermo.samplers import CCAdL, MCCAdL
+from helpers import assert_close_to_scale
 
 tf.get_logger().setLevel(logging.ERROR)  # pfor logs retracing of its helper functions
 
@@ -193,11 +194,7 @@ RECURRENT = {
 
 
 def _assert_close(actual, expected, rtol=RTOL):
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    assert actual.shape == expected.shape
-    scale = np.max(np.abs(expected))
-    assert scale > 0
-    np.testing.assert_allclose(actual, expected, rtol=0, atol=rtol * scale)
+    assert_close_to_scale(actual, expected, rtol)
 
 
 def _loop_rows(net, x, y):
