@@ -10,7 +10,8 @@ validation split, at 0% and 30% permuted labels; each sampler is evaluated by it
 posterior-averaged predictive distribution. Then the OOD study: trained on digits 0-4, how well
 each method's predictive entropy (and a sampler's mutual information) separates the test images
 of 5-9 from held-out ones of 0-4 (AUROC). No download: the data ships with scikit-learn. Prints
-the tables (accuracy, NLL, expected log loss, ECE, Brier, OOD AUROC) and writes `results.json`,
+the tables (accuracy, NLL, expected log loss, ECE, Brier, OOD AUROC), one line per sampler run
+saying whether its temperature check found it at T, and writes `results.json`,
 `table.md`, plots and TensorBoard logs (with the samplers' diagnostics: kinetic_temperature, xi,
 potential, step_size) to `--out`.
 """
@@ -37,6 +38,22 @@ def real_data_hint(data_dir: Path = REAL_DATA_DIR) -> str | None:
         return None
     return (f"Real MNIST found in {data_dir}: the comparison on it, `python -m benchmarks.logistic_regression "
             f"--config configs/logistic_mnist.yaml --out runs/logistic_mnist` (docs/real_data.md).")
+
+
+def temperature_lines(results: dict) -> list[str]:
+    """One line per sampler run with the verdict of its `EquilibrationCheck` (the library's
+    `keras_thermo.equilibration.summary` of the check's report, stored by the runner), e.g.
+    `SGNHT, 0% permuted labels: at T=0.1 (kinetic ..., configurational ...; in band from step 420)`,
+    or `NOT at T` with the check's cause."""
+    lines = []
+    for record in results["runs"] + results["ood_runs"]:
+        if record["kind"] != "sampler":
+            continue
+        where = ("OOD study" if any(record is r for r in results["ood_runs"])
+                 else f"{round(100 * record['label_noise'])}% permuted labels")
+        summary = (record.get("temperatures") or {}).get("summary") or "no temperature check ran"
+        lines.append(f"{record['label']}, {where}: {summary}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
             mutual = scores["auroc_mutual_information"]
             print(f"  {record['label']}: predictive entropy {run._number(scores['auroc_predictive_entropy'], 3)}"
                   + ("" if mutual is None else f", mutual information {mutual:.3f}"))
+    lines = temperature_lines(results)
+    if lines:
+        print("\nIs each sampler at its temperature T? (the EquilibrationCheck of every sampler run)")
+        for line in lines:
+            print(f"  {line}")
     minutes = results["seconds"] / 60
     print(f"\nDone in {math.floor(minutes)} min {results['seconds'] % 60:.0f} s. Plots and results in "
           f"{args.out}/; TensorBoard: tensorboard --logdir {args.out}/tensorboard")

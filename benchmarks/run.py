@@ -1131,6 +1131,7 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
     import keras  # noqa: PLC0415
 
     import keras_thermo as kt  # noqa: PLC0415
+    from keras_thermo import equilibration as kt_equilibration  # noqa: PLC0415
     from keras_thermo.posterior_average import PosteriorAverage  # noqa: PLC0415
 
     training = config["training"]
@@ -1226,6 +1227,7 @@ def run_method(key: str, method: dict, config: dict, task: TaskData, label_noise
             **{f"{kind}_{part}": report["overall"][kind][part] for kind in ("kinetic", "configurational")
                for part in ("mean", "standard_error")},
             "variables": report["variables"],
+            "summary": kt_equilibration.summary(report),  # the check's verdict in one line
         }
         if status == "ok" and not average.num_samples:
             status, message = "no_samples", (

@@ -548,23 +548,10 @@ class EquilibrationCheck(keras.callbacks.Callback):
                         f"{kind} temperature of {label}: {figure['mean']:.4g} +- {figure['standard_error']:.2g} "
                         f"(T = {temperature:g})"
                     )
-        overall = report["overall"][KINDS[CONFIGURATIONAL]]["mean"]
-        if overall < temperature:
-            cause = (
-                "The chain runs cold: it is still descending from its start, or a thermostat "
-                "soaked up the start's energy and has not given it back. Run longer, or give the "
-                "sampler a longer warm-up (warmup_steps)."
-            )
-        else:
-            cause = (
-                "The chain runs hot, a sign that the step is too long for the curvature or the "
-                "gradient noise: reduce step_size, increase friction, or use a sampler that "
-                "corrects for gradient noise (CCAdL, mCCAdL)."
-            )
         return (
             "The run is not sampling at its temperature: its samples do not follow the posterior "
             f"it was asked for. After step {report['equilibration_step']} ({report['num_blocks']} "
-            f"blocks of {self.block_steps} steps): " + "; ".join(lines) + ". " + cause + " SGNHT's "
+            f"blocks of {self.block_steps} steps): " + "; ".join(lines) + ". " + cause(report) + " SGNHT's "
             "single thermostat holds the whole net's kinetic temperature, not each layer's. "
             "(keras_thermo.equilibration.EquilibrationCheck; BayesianModel(temperature_check=False) "
             "turns the default check off.)"
@@ -585,6 +572,53 @@ class EquilibrationCheck(keras.callbacks.Callback):
             "max_burn_in_steps": self.max_burn_in_steps,
             "per_variable": self.per_variable,
         }
+
+
+def cause(report: dict[str, Any]) -> str:
+    """Why a run that `report` finds out of band is off T, from its whole-net configurational
+    temperature: cold (still descending, or a thermostat holding the start's energy) or hot (a
+    step too long for the curvature or the gradient noise), and what to change."""
+    if report["overall"][KINDS[CONFIGURATIONAL]]["mean"] < report["temperature"]:
+        return (
+            "The chain runs cold: it is still descending from its start, or a thermostat "
+            "soaked up the start's energy and has not given it back. Run longer, or give the "
+            "sampler a longer warm-up (warmup_steps)."
+        )
+    return (
+        "The chain runs hot, a sign that the step is too long for the curvature or the "
+        "gradient noise: reduce step_size, increase friction, or use a sampler that "
+        "corrects for gradient noise (CCAdL, mCCAdL)."
+    )
+
+
+def summary(report: dict[str, Any]) -> str:
+    """One plain line on an `EquilibrationCheck.report()` (or `model.temperature_report()`):
+    whether the whole net is at T, with its mean kinetic and configurational temperatures after
+    the burn-in (+- batch-means error; "unresolved" for one whose band is wider than
+    `max_band * T`), and for a run out of band the `cause`.
+
+    Example:
+        >>> summary(model.temperature_report())  # doctest: +SKIP
+        'at T=1 (kinetic 1.00 +- 0.01, configurational 0.98 +- 0.03; in band from step 1200)'
+    """
+    temperature = report["temperature"]
+
+    def figure(kind: str) -> str:
+        entry = report["overall"][kind]
+        if not math.isfinite(entry["mean"]):
+            return f"{kind} n/a"
+        text = f"{kind} {entry['mean']:.3g} +- {entry['standard_error']:.2g}"
+        return text + (" unresolved" if entry["in_band"] is None and report["equilibrated"] is not None else "")
+
+    figures = ", ".join(figure(kind) for kind in KINDS)
+    verdict = report["equilibrated"]
+    if verdict is True:
+        return f"at T={temperature:g} ({figures}; in band from step {report['equilibration_step']})"
+    if verdict is False:
+        return (f"NOT at T={temperature:g} ({figures}; after step {report['equilibration_step']}). "
+                + cause(report))
+    return (f"undetermined at T={temperature:g} ({figures}; {report['num_blocks']} blocks after step "
+            f"{report['equilibration_step']}): too few blocks, or errors too wide, to tell; run longer.")
 
 
 def default_check() -> EquilibrationCheck:

@@ -224,6 +224,30 @@ def test_demo_quick_writes_table_plots_and_tensorboard(tmp_path, capsys):
     ood = {r["method"]: r["ood"] for r in results["ood_runs"]}
     assert list(ood) == ["adam", "sgnht"] and ood["adam"]["auroc_mutual_information"] is None
     assert 0.0 <= ood["sgnht"]["auroc_predictive_entropy"] <= 1.0
+    # Each sampler run's temperature verdict, from its EquilibrationCheck, one line each.
+    for record, where in [(sgnht, "0% permuted labels"), (results["ood_runs"][1], "OOD study")]:
+        summary = record["temperatures"]["summary"]
+        assert summary.split(" ")[0] in ("at", "NOT", "undetermined"), summary
+        assert f"  SGNHT, {where}: {summary}" in printed.splitlines()
+
+
+def test_demo_prints_each_sampler_runs_temperature_verdict():
+    def record(label, kind, noise, summary=None):
+        return {"label": label, "kind": kind, "label_noise": noise,
+                **({"temperatures": {"summary": summary}} if kind == "sampler" else {})}
+
+    results = {
+        "runs": [record("Adam", "optimizer", 0.0),
+                 record("SGNHT", "sampler", 0.0, "at T=0.1 (kinetic 0.1 +- 0.001, configurational 0.098 +- 0.003; "
+                                                "in band from step 420)"),
+                 record("mCCAdL", "sampler", 0.3, "NOT at T=0.1 (...). The chain runs hot, ...")],
+        "ood_runs": [record("Adam", "optimizer", 0.0), record("SGNHT", "sampler", 0.0, "at T=0.1 (...)")],
+    }
+    assert demo.temperature_lines(results) == [
+        "SGNHT, 0% permuted labels: at T=0.1 (kinetic 0.1 +- 0.001, configurational 0.098 +- 0.003; in band from step 420)",
+        "mCCAdL, 30% permuted labels: NOT at T=0.1 (...). The chain runs hot, ...",
+        "SGNHT, OOD study: at T=0.1 (...)",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
