@@ -5,6 +5,7 @@ checks first, the recorders wired into the compiled step, the guard that stops a
 from __future__ import annotations
 
 import math
+import warnings
 
 import keras
 import tensorflow as tf
@@ -13,6 +14,7 @@ from keras_thermo import data as kt_data
 from keras_thermo import equilibration as kt_equilibration
 from keras_thermo._distribute import symbolic_inputs
 from keras_thermo._recording import RecordingCallback
+from keras_thermo.samplers import auto_step
 from keras_thermo.step import COLLAPSED_RELATIVE_SPREAD
 
 
@@ -128,6 +130,25 @@ class DivergenceGuard(keras.callbacks.Callback):
             runtime.last_step_size_limit = (float(limit), int(self.model.sampler_step))
         if int(runtime.diverged_at.numpy()) >= 0 or int(runtime.uneven_batch.numpy()) >= 0:
             self.model.stop_training = True
+
+    def on_train_end(self, logs=None):
+        """Warns once when a step size the user gave is above the stability bound of the
+        curvature the run measured (`samplers.auto_step.stability_bound`)."""
+        model, runtime = self.model, self.model._runtime
+        variable = getattr(model, "_curvature_variable", None)
+        if variable is None or model.sampler.is_auto_step_size or runtime.warned_unstable_step:
+            return
+        curvature, step_size = float(variable.numpy()), model.sampler.step_size
+        if curvature > 0 and step_size > auto_step.stability_bound(model.sampler, curvature):
+            runtime.warned_unstable_step = True
+            name = type(model.sampler).__name__
+            warnings.warn(
+                f"{name}: step_size={step_size:.4g} is above the stability bound "
+                f"{auto_step.stability_bound(model.sampler, curvature):.4g} of the largest curvature the run "
+                f"measured ({curvature:.4g}); the run is likely to diverge or to sample a distorted "
+                f"posterior. step_size='auto' would choose about {auto_step.step_for_curvature(model.sampler, curvature):.4g}.",
+                stacklevel=2,
+            )
 
     def on_epoch_end(self, epoch, logs=None):
         spread = float((logs or {}).get("output_spread", float("nan")))

@@ -338,7 +338,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
         ramp_end = (schedule.constant_from_step() if schedule is not None else None) or 0
         # Before the end of a temperature ramp or of the sampler's warm-up the chain does not
         # yet run the papers' dynamics at T: those steps never count, nor start a recording.
-        self._earliest_recording_step = max(int(ramp_end), int(getattr(model.sampler, "warmup_steps", 0) or 0))
+        self._earliest_recording_step = max(int(ramp_end), model.sampler.adaptation_steps)
         return self.recorder
 
     def link(self, callback) -> None:

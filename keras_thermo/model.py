@@ -355,6 +355,11 @@ class BayesianModel(SamplingStep, kt_chains.ChainWeights, keras.Model):
             for name, value in self.sampler.setting_values().items()
         }
         self.sampler.bind_settings(self._sampler_setting_variables)
+        # The largest curvature measured (logged): the automatic step size follows it; a float one
+        # is checked against it (`samplers.auto_step`). A schedule is not measured.
+        self._curvature_variable = None
+        if "step_size" in self._sampler_setting_variables:
+            self._curvature_variable = keras.Variable(0.0, dtype="float32", trainable=False, autocast=False, name="curvature")
 
     # --- sampler state ------------------------------------------------------------------------
 

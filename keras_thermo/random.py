@@ -25,6 +25,7 @@ STREAM_TEMPERING_INIT = 4
 STREAM_DATA = 5  # minibatch indices drawn by `BayesianModel.fit` from arrays
 STREAM_PRIOR = 16  # hyperparameter draws of priors (`keras_thermo.priors.HierarchicalGaussian`)
 STREAM_CHAIN = 6  # seeds of the chains of a several-chain model (`chain_seed`)
+STREAM_CURVATURE = 7  # the start of the automatic step size's power iteration (`samplers.auto_step`)
 
 _MASK_64 = (1 << 64) - 1
 

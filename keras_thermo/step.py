@@ -86,6 +86,7 @@ class _Runtime:
         self.temperature_checks: list = []  # the EquilibrationChecks of the current fit
         self.default_check = None  # the check `temperature_check=True` adds, kept across fits
         self.warned_about_layers = False
+        self.warned_unstable_step = False  # a given step size above the measured stability bound
         self.noted_pipeline = False
         self.noted_per_example_fallback = False
         # One copy per replica (they agree): written inside the step, read by the callbacks.
@@ -248,6 +249,13 @@ class SamplingStep:
 
         state = self.sampler_state()
         temperature = self._step_temperature(state.step, cross)
+        if self._curvature_variable is not None:  # measured on chain 0 and its batch, before any update
+            first = kt_samplers.StepContext(temperature, self.likelihood_weight, batch_size, potential[0], self.chain_seeds[0], per_example[0])
+            kt_samplers.auto_step.choose_step_size(
+                self.sampler, self._chain_state(state, 0), lambda theta: self._force_at(theta, batches[0]), params[0], first, cross,
+                step_size_variable=self.sampler._step_size_variable if self.sampler.is_auto_step_size else None,
+                curvature_variable=self._curvature_variable,
+            )
         results = []
         for k in chains:
             context = kt_samplers.StepContext(
@@ -314,6 +322,8 @@ class SamplingStep:
         logs["output_spread"] = spreads[0] if len(spreads) == 1 else tf.reduce_min(tf.stack(spreads))
         if self.temperature_schedule is not None:
             logs["temperature"] = temperature
+        if self._curvature_variable is not None:
+            logs["curvature"] = tf.convert_to_tensor(self._curvature_variable)
         per_chain_logs = {"configurational_temperature": whole_net_configurational or [
             configurational_temperature(p, f) for p, f in zip(params, force)
         ]}
@@ -324,6 +334,15 @@ class SamplingStep:
             if 1 < self.num_chains <= kt_chains.MAX_LOGGED_CHAINS and name in kt_chains.PER_CHAIN_LOGS:
                 logs.update({kt_chains.chain_log_name(name, k): values[k] for k in chains})
         return cross.per_worker_logs(logs)  # Keras' multi-worker reduction needs vectors
+
+    def _force_at(self, theta, batch) -> list[tf.Tensor]:
+        """The force of `batch` with the trainable variables at `theta` (this replica's share;
+        nothing the pass writes is kept)."""
+        with tf.GradientTape() as tape:
+            tape.watch(theta)
+            with keras.StatelessScope(state_mapping=list(zip(self.trainable_variables, theta))):
+                potential, _, _ = self.compute_potential(*batch)
+        return [-g if g is not None else tf.zeros_like(t) for g, t in zip(tape.gradient(potential, theta), theta)]
 
     def _chain_params(self) -> list[list[tf.Tensor]]:
         """Every chain's weights as tensors, one list per chain (chain 0: the net's own)."""

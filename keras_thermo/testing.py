@@ -79,13 +79,15 @@ def small_regression_dataset() -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8)
 
 
-def linear_regression_posterior(x, y, *, prior_std: float, temperature: float = 1.0):
-    """Exact mean and covariance of `theta = [kernel..., bias]` under `exp(-U / T)` (see module doc)."""
+def linear_regression_posterior(x, y, *, prior_std: float, temperature: float = 1.0, num_examples: float | None = None):
+    """Exact mean and covariance of `theta = [kernel..., bias]` under `exp(-U / T)` (see module
+    doc); `num_examples` N other than `len(x)` weighs every row by `N / len(x)`."""
     design = np.concatenate([np.asarray(x, np.float64), np.ones((len(x), 1))], axis=1)
     targets = np.asarray(y, np.float64).reshape(-1)
-    precision = 2.0 * design.T @ design + np.eye(design.shape[1]) / prior_std**2
+    weight = 1.0 if num_examples is None else num_examples / len(x)
+    precision = 2.0 * weight * design.T @ design + np.eye(design.shape[1]) / prior_std**2
     covariance = temperature * np.linalg.inv(precision)
-    mean = np.linalg.solve(precision, 2.0 * design.T @ targets)
+    mean = np.linalg.solve(precision, 2.0 * weight * design.T @ targets)
     return mean, covariance
 
 
@@ -157,6 +159,7 @@ def run_chains(
     with_replacement: bool = True,
     initial_params: np.ndarray | None = None,
     sample_weight: np.ndarray | None = None,
+    num_examples: float | None = None,
 ) -> ChainResult:
     """Runs independent chains of a fresh `BayesianModel` each (different seed and data order).
 
@@ -164,9 +167,11 @@ def run_chains(
     zeros), and takes `num_steps` sampler steps on minibatches from `keras_thermo.data.random_minibatches` (full batch
     when `batch_size == len(x)`). With `sample_weight` (`[len(x)]`) the minibatches are
     `(x, y, w)`, drawn with replacement (module doc: the exact posterior of weighted data).
+    `num_examples` N other than `len(x)` scales the likelihood, `U = N mean_batch(l) + R`
+    (`linear_regression_posterior(num_examples=N)`).
     """
     start = np.zeros(x.shape[1] + 1, np.float32) if initial_params is None else initial_params
-    num_examples = len(x)
+    num_examples = len(x) if num_examples is None else num_examples
     max_samples = (num_steps - burn_in_steps) // every_n_steps
     all_samples, all_logs = [], {k: [] for k in log_keys}
     for chain in range(num_chains):

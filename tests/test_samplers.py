@@ -215,7 +215,7 @@ BAD_INPUTS = [
     (kt.samplers.SGLD, {"step_size": 0.0}, ValueError, ["step_size", "0.0", "(0, inf)"]),
     (kt.samplers.SGLD, {"step_size": -1e-3}, ValueError, ["step_size", "-0.001"]),
     (kt.samplers.SGLD, {"step_size": float("nan")}, ValueError, ["step_size", "finite"]),
-    (kt.samplers.SGLD, {"step_size": "big"}, TypeError, ["step_size", "'big'", "LearningRateSchedule"]),
+    (kt.samplers.SGLD, {"step_size": "big"}, ValueError, ["step_size", "'big'", "LearningRateSchedule", "'auto'"]),
     (kt.samplers.SGHMC, {"step_size": 0.1, "friction": 0.0}, ValueError, ["friction", "0.0"]),
     (kt.samplers.SGHMC, {"step_size": 0.1, "mass": -2}, ValueError, ["mass", "-2"]),
     (kt.samplers.SGNHT, {"step_size": 0.1, "thermal_mass": 0}, ValueError, ["thermal_mass", "0"]),

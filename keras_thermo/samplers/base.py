@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from keras_thermo import random as kt_random
 from keras_thermo._validation import check_int, check_optional_positive, check_positive
-from keras_thermo.samplers import integrators
+from keras_thermo.samplers import auto_step, integrators
 from keras_thermo.samplers import preconditioning as kt_preconditioning
 from keras_thermo.samplers import units
 
@@ -146,7 +146,7 @@ class Sampler:
     name: str = "sampler"
     needs_per_example_gradients: bool = False
 
-    def __init__(self, step_size: float | keras.optimizers.schedules.LearningRateSchedule, preconditioner=None):
+    def __init__(self, step_size: float | str | keras.optimizers.schedules.LearningRateSchedule = auto_step.AUTO, preconditioner=None):
         self._setting_variables = {}
         self.step_size = step_size
         self.preconditioner = kt_preconditioning.get(preconditioner)
@@ -194,8 +194,10 @@ class Sampler:
         return self._setting_variables.get("step_size")
 
     @property
-    def step_size(self) -> float | keras.optimizers.schedules.LearningRateSchedule:
-        """h: a float or a `LearningRateSchedule`.
+    def step_size(self) -> float | str | keras.optimizers.schedules.LearningRateSchedule:
+        """h: a float, a `LearningRateSchedule`, or `"auto"` (the default): chosen from the
+        curvature the model measures during its adaptation window, then frozen
+        (`keras_thermo.samplers.auto_step`); once a model has chosen it, this reads the value.
 
         A float step size may be changed at any time, also between or during `fit` calls (e.g.
         from a callback): once a `BayesianModel` has bound it to a variable (`bind_settings`),
@@ -209,7 +211,18 @@ class Sampler:
     @step_size.setter
     def step_size(self, value) -> None:
         is_schedule = isinstance(value, keras.optimizers.schedules.LearningRateSchedule)
-        if not is_schedule:
+        if isinstance(value, str):
+            if value != auto_step.AUTO:
+                raise ValueError(
+                    f"`step_size` must be a positive float, a keras LearningRateSchedule or "
+                    f"{auto_step.AUTO!r}, got {value!r}."
+                )
+            if self.has_bound_settings and not self.is_auto_step_size:
+                raise ValueError(
+                    f"`step_size` of {type(self).__name__} was fixed when a model built its state; it "
+                    "cannot become 'auto' afterwards. Build a new sampler and BayesianModel."
+                )
+        elif not is_schedule:
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise TypeError(
                     f"`step_size` must be a positive float or a keras LearningRateSchedule, got "
@@ -223,9 +236,36 @@ class Sampler:
                 "model has built its state. Build a new sampler (and BayesianModel) to switch between "
                 "a float and a schedule."
             )
-        if self._step_size_variable is not None:
+        if self._step_size_variable is not None and not isinstance(value, str):
             self._step_size_variable.assign(value)
         self._step_size = value
+
+    @property
+    def is_auto_step_size(self) -> bool:
+        """Whether the step size is chosen by the model (`step_size="auto"`)."""
+        return isinstance(self.__dict__.get("_step_size"), str)
+
+    @property
+    def adaptation_steps(self) -> int:
+        """W: the steps at the start of a run during which the kernel still changes (the
+        thermostat samplers' warm-up; the automatic step size's measurements). Samples from
+        before W are not from the papers' chain."""
+        warmup = getattr(self, "warmup_steps", None)
+        if warmup is not None:
+            return int(warmup)
+        return auto_step.DEFAULT_ADAPTATION_STEPS if self.is_auto_step_size else 0
+
+    #: Whether `step_size` is a time step h (True) or a squared one, `h^2 / M` (SGLD's eps,
+    #: TACT-HMC's eta): sets how the automatic step size follows from the curvature.
+    step_size_is_time = True
+
+    def auto_step_size(self, curvature, context: "StepContext", params, masses) -> tf.Tensor:
+        """The automatic step size for the largest curvature `lambda` of `M^-1 H` (float32):
+        `STABILITY_FRACTION / sqrt(lambda)`, or its square for a squared step size
+        (`keras_thermo.samplers.auto_step`). `context`, `params` and `masses` (`masses`) are the
+        step's, for the samplers that also bound the step by the gradient noise."""
+        del context, params, masses
+        return auto_step.step_for_curvature(self, curvature)
 
     # --- settings bound to a model's variables -----------------------------------------------
 
@@ -241,7 +281,9 @@ class Sampler:
         dtypes (a step-size schedule is traced, not bound, so it is left out). A model creates
         one non-trainable variable per entry and passes them to `bind_settings`."""
         values = {}
-        if not isinstance(self._step_size, keras.optimizers.schedules.LearningRateSchedule):
+        if self.is_auto_step_size:  # NaN until the model measures it at the first step
+            values["step_size"] = tf.constant(float("nan"), tf.float32)
+        elif not isinstance(self._step_size, keras.optimizers.schedules.LearningRateSchedule):
             values["step_size"] = tf.constant(self._step_size, tf.float32)
         for name in self.setting_names()[1:]:
             values[name] = getattr(type(self), name).initial_value(self)
@@ -270,6 +312,11 @@ class Sampler:
     def has_bound_step_size(self) -> bool:
         """Whether a model's variable holds this sampler's float step size."""
         return self._step_size_variable is not None
+
+    def friction_at(self, h) -> tf.Tensor:
+        """A at step size `h` (for the samplers with a friction): the `friction` setting, or
+        `(1 - DEFAULT_MOMENTUM) / h` when it is None (`keras_thermo.samplers.auto_step`)."""
+        return self.read_setting("friction", default=auto_step.default_friction(h))
 
     def read_setting(self, name: str, default=None):
         """The value of setting `name` for the step: its variable (a tensor) once bound, else the
@@ -307,6 +354,11 @@ class Sampler:
             return tf.cast(self._step_size(step), tf.float32)
         if self._step_size_variable is not None:
             return tf.cast(tf.convert_to_tensor(self._step_size_variable), tf.float32)
+        if self.is_auto_step_size:
+            raise ValueError(
+                f"{type(self).__name__}(step_size='auto') gets its step size from the BayesianModel "
+                "that runs it; when calling `update` directly, give a float step_size."
+            )
         return tf.constant(self._step_size, tf.float32)
 
     def is_sample(self, state: NamedTuple) -> tf.Tensor:
@@ -381,7 +433,7 @@ class Sampler:
         return tf.constant(True)
 
     def get_config(self) -> dict[str, Any]:
-        step_size = self.step_size
+        step_size = auto_step.AUTO if self.is_auto_step_size else self.step_size
         if isinstance(step_size, keras.optimizers.schedules.LearningRateSchedule):
             step_size = keras.saving.serialize_keras_object(step_size)
         preconditioner = None if self.preconditioner is None else self.preconditioner.get_config()
@@ -426,11 +478,11 @@ class ThermostatSampler(Sampler):
     #: notes when a data pipeline's own batch order is used).
     assumes_white_gradient_noise = True
 
-    friction = FloatSetting(check_positive)
+    friction = FloatSetting(check_optional_positive, optional=True)
     thermal_mass = FloatSetting(check_optional_positive, optional=True, dtype=integrators.THERMOSTAT_DTYPE)
 
     def __init__(
-        self, step_size, friction: float = 1.0, thermal_mass: float | None = None, mass: float = 1.0,
+        self, step_size=auto_step.AUTO, friction: float | None = None, thermal_mass: float | None = None, mass: float = 1.0,
         preconditioner=None, warmup_steps: int = DEFAULT_WARMUP_STEPS,
     ):
         super().__init__(step_size, preconditioner=preconditioner)
@@ -440,8 +492,19 @@ class ThermostatSampler(Sampler):
         self.warmup_steps = check_int("warmup_steps", warmup_steps, low=0)
 
     def initial_momentum_and_xi(self, params, *, temperature: float, seed: int):
+        """`p_0 ~ N(0, T M)` and `xi_0 = A`. With the automatic step size and friction, A is
+        not known before the first step: xi starts at 0 and the first step restarts the chain
+        with `xi = A` (`restart_after_warmup`)."""
         momentum = sample_momentum(params, seed=seed, temperature=temperature, mass=self.mass)
-        return momentum, tf.constant(self.friction, integrators.THERMOSTAT_DTYPE)
+        if self._restarts_at_first_step:
+            xi = 0.0
+        else:
+            xi = self.friction_at(self.step_size_at(tf.constant(0, tf.int64)))
+        return momentum, tf.cast(xi, integrators.THERMOSTAT_DTYPE)
+
+    @property
+    def _restarts_at_first_step(self) -> bool:
+        return self.is_auto_step_size and vars(self).get("friction") is None  # as constructed
 
     def steps_since_start(self, step: tf.Tensor) -> tf.Tensor:
         """The papers' step counter of the step whose state has counter `step`: `step`, and from
@@ -456,16 +519,19 @@ class ThermostatSampler(Sampler):
         the stationary value of the samplers whose covariance friction removes the gradient
         noise's heat (CCAdL, mCCAdL; CCAdL's only with its covariance estimate restarted too,
         `steps_since_start`)."""
-        del state, params, context, mass
-        return tf.cast(self.read_setting("friction"), integrators.THERMOSTAT_DTYPE)
+        del params, context, mass
+        return tf.cast(self.friction_at(self.step_size_at(state.step)), integrators.THERMOSTAT_DTYPE)
 
     def restart_after_warmup(self, state: NamedTuple, params, context: StepContext, mass) -> tuple[NamedTuple, Any]:
         """`(state, restarted)`: at the step whose state has counter `warmup_steps`, the state
         with `xi = A` and fresh momenta `p ~ N(0, T M)` (`mass`: this step's masses, from
-        `precondition`), and True; at every other step the state unchanged (class doc)."""
-        if self.warmup_steps == 0:
+        `precondition`), and True; at every other step the state unchanged (class doc). With
+        the automatic step size and friction the first step restarts too, once A is known."""
+        if self.warmup_steps == 0 and not self._restarts_at_first_step:
             return state, tf.constant(False)
         restarted = tf.equal(state.step, self.warmup_steps)
+        if self._restarts_at_first_step:
+            restarted = tf.logical_or(restarted, tf.equal(state.step, 0))
 
         def fresh():
             noise = context.normal(state.step, params, kt_random.STREAM_INIT)
@@ -477,10 +543,10 @@ class ThermostatSampler(Sampler):
         momentum, xi = tf.cond(restarted, fresh, lambda: (list(state.momentum), state.xi))
         return state._replace(momentum=momentum, xi=xi), restarted
 
-    def ou_kwargs(self, context: StepContext, mass=None) -> dict:
+    def ou_kwargs(self, context: StepContext, mass=None, *, h) -> dict:
         """Keyword arguments of `integrators.ornstein_uhlenbeck` / `euler_momentum` (`mass`: the
-        step's masses from `precondition`; default the scalar `mass`)."""
-        return {"noise_friction": self.read_setting("friction"), "temperature": context.temperature, "mass": self.mass if mass is None else mass}
+        step's masses from `precondition`; default the scalar `mass`; `h`: the step size)."""
+        return {"noise_friction": self.friction_at(h), "temperature": context.temperature, "mass": self.mass if mass is None else mass}
 
     def thermostat_kwargs(self, params, context: StepContext, mass=None) -> dict:
         """Keyword arguments of `integrators.thermostat` (thermal mass defaults to Nd)."""

@@ -38,7 +38,7 @@ import tensorflow as tf
 from keras_thermo import _tree
 from keras_thermo import random as kt_random
 from keras_thermo._validation import check_choice, check_int
-from keras_thermo.samplers import integrators
+from keras_thermo.samplers import auto_step, integrators
 from keras_thermo.samplers.base import (
     DEFAULT_WARMUP_STEPS,
     StepContext,
@@ -81,8 +81,10 @@ class CCAdL(ThermostatSampler):
     Reduce `step_size`, increase the batch size, or use `MCCAdL`, which has no such limit.
 
     Args:
-        step_size: h, a positive float or a `LearningRateSchedule`.
-        friction: A > 0: the injected-noise amplitude `sqrt(2 A T)` and `xi_0`.
+        step_size: h, a positive float, a `LearningRateSchedule`, or `"auto"` (the default:
+            measured from the curvature during the warm-up, then frozen; `samplers.auto_step`).
+        friction: A > 0: the injected-noise amplitude `sqrt(2 A T)` and `xi_0`; None (the
+            default) follows the step size, `A = 0.01 / h` (SGD momentum 0.99, `samplers.auto_step`).
         covariance: `"diag"` (per-coordinate variances, the paper's choice in high dimension) or
             `"full"` (an `[Nd, Nd]` matrix; only for `Nd <= max_full_params`).
         thermal_mass: mu > 0; default `Nd`, the number of trainable scalars.
@@ -116,8 +118,8 @@ class CCAdL(ThermostatSampler):
 
     def __init__(
         self,
-        step_size,
-        friction: float = 1.0,
+        step_size=auto_step.AUTO,
+        friction: float | None = None,
         covariance: str = "diag",
         thermal_mass: float | None = None,
         mass: float = 1.0,
@@ -155,6 +157,19 @@ class CCAdL(ThermostatSampler):
             step=tf.constant(0, tf.int64), momentum=momentum, xi=xi, covariance=average,
             preconditioner=self.init_preconditioner(params),
         )
+
+    def auto_step_size(self, curvature, context: StepContext, params, masses) -> tf.Tensor:
+        """The smaller of the curvature's step (`Sampler.auto_step_size`) and `NOISE_FRACTION`
+        of the covariance friction's stability bound `2 / sqrt(beta lambda_Sigma)`, with
+        `lambda_Sigma >= max_i Sigma_ii` from this minibatch's per-example gradients (a lower
+        bound on the eigenvalue, hence the margin)."""
+        by_curvature = super().auto_step_size(curvature, context, params, masses)
+        variances = require_per_example_gradients(context, "CCAdL").diagonal_covariance()
+        inverse_mass = [tf.broadcast_to(1.0 / m, p.shape) for m, p in zip(integrators.per_tensor(masses, len(params)), params)]
+        largest = force_noise_scale(context) * tf.reduce_max(tf.cast(variances, tf.float32) * _tree.flatten(inverse_mass))
+        beta = 1.0 / tf.cast(context.temperature, tf.float32)
+        by_noise = auto_step.NOISE_FRACTION * 2.0 * tf.math.rsqrt(beta * tf.maximum(largest, 1e-30))
+        return tf.minimum(by_curvature, by_noise)
 
     def average_weight(self, step: tf.Tensor) -> tf.Tensor:
         """`k_t` (float64) of the step whose state has counter `step`: t = step + 1, counted
@@ -248,7 +263,7 @@ class CCAdL(ThermostatSampler):
         corrected_force = [f - (0.5 * h * beta) * s for f, s in zip(force, sigma_p)]
         noise = context.normal(state.step, params, kt_random.STREAM_MOMENTUM)
         momentum = integrators.euler_momentum(
-            state.momentum, corrected_force, noise, state.xi, h, **self.ou_kwargs(context, mass)
+            state.momentum, corrected_force, noise, state.xi, h, **self.ou_kwargs(context, mass, h=h)
         )
         new_params = integrators.drift(params, momentum, h, mass)
         xi = integrators.thermostat(state.xi, momentum, h, **self.thermostat_kwargs(params, context, mass))

@@ -34,7 +34,7 @@ from keras_thermo import _tree
 from keras_thermo import linalg as kt_linalg
 from keras_thermo.linalg.operators import CenteredRows, symmetrized
 from keras_thermo._validation import check_choice
-from keras_thermo.samplers import integrators
+from keras_thermo.samplers import auto_step, integrators
 from keras_thermo.samplers.base import (
     DEFAULT_WARMUP_STEPS,
     StepContext,
@@ -159,8 +159,10 @@ class MCCAdL(ThermostatSampler):
     (BAODCDOAB), with one force evaluation per step.
 
     Args:
-        step_size: h, a positive float or a `LearningRateSchedule`.
-        friction: A > 0: the injected-noise amplitude `sqrt(2 A T)` and `xi_0`.
+        step_size: h, a positive float, a `LearningRateSchedule`, or `"auto"` (the default:
+            measured from the curvature during the warm-up, then frozen; `samplers.auto_step`).
+        friction: A > 0: the injected-noise amplitude `sqrt(2 A T)` and `xi_0`; None (the
+            default) follows the step size, `A = 0.01 / h` (SGD momentum 0.99, `samplers.auto_step`).
         thermal_mass: mu > 0; default `Nd`, the number of trainable scalars.
         mass: Scalar mass M > 0.
         expm: How the C step applies the matrix exponential: `"taylor"` (scaled Taylor series of
@@ -190,8 +192,8 @@ class MCCAdL(ThermostatSampler):
 
     def __init__(
         self,
-        step_size,
-        friction: float = 1.0,
+        step_size=auto_step.AUTO,
+        friction: float | None = None,
         thermal_mass: float | None = None,
         mass: float = 1.0,
         expm: str = "auto",
@@ -253,7 +255,7 @@ class MCCAdL(ThermostatSampler):
             noise_trace = sigma_scale * tf.reduce_sum(diagonal * tf.square(flat_inverse_sqrt))
 
         new_params, momentum, xi, kinetic, (matvecs, method_code) = integrators.symmetric_step(
-            state, params, force, h, context, ou_kwargs=self.ou_kwargs(context, mass),
+            state, params, force, h, context, ou_kwargs=self.ou_kwargs(context, mass, h=h),
             thermostat_kwargs=self.thermostat_kwargs(params, context, mass), covariance_step=c_step,
             fresh_start=restarted,
         )

@@ -12,8 +12,8 @@ import keras
 import tensorflow as tf
 
 from keras_thermo import random as kt_random
-from keras_thermo._validation import check_positive
-from keras_thermo.samplers import integrators
+from keras_thermo._validation import check_optional_positive, check_positive
+from keras_thermo.samplers import auto_step, integrators
 from keras_thermo.samplers.base import FloatSetting, Sampler, StepContext, num_scalars, sample_momentum
 
 
@@ -33,8 +33,10 @@ class SGHMC(Sampler):
     Mapping to learning-rate terms for the mean loss: `lr = h^2 N`, `momentum = 1 - A h`.
 
     Args:
-        step_size: h, a positive float or a `LearningRateSchedule`.
-        friction: A > 0.
+        step_size: h, a positive float, a `LearningRateSchedule`, or `"auto"` (the default:
+            measured from the curvature during the warm-up, then frozen; `samplers.auto_step`).
+        friction: A > 0; None (the default) follows the step size, `A = 0.01 / h` (SGD momentum
+            0.99, `samplers.auto_step`).
         mass: Scalar mass M > 0.
         preconditioner: None, `"layerwise"` (exact after its warm-up), `"rmsprop"` (approximate)
             or a `preconditioning.Preconditioner`: the mass becomes `M diag(m)`.
@@ -48,9 +50,9 @@ class SGHMC(Sampler):
     """
 
     name = "sghmc"
-    friction = FloatSetting(check_positive)
+    friction = FloatSetting(check_optional_positive, optional=True)
 
-    def __init__(self, step_size, friction: float = 1.0, mass: float = 1.0, preconditioner=None):
+    def __init__(self, step_size=auto_step.AUTO, friction: float | None = None, mass: float = 1.0, preconditioner=None):
         super().__init__(step_size, preconditioner=preconditioner)
         self.friction = friction
         self.mass = check_positive("mass", mass)
@@ -64,7 +66,7 @@ class SGHMC(Sampler):
         noise = context.normal(state.step, params, kt_random.STREAM_MOMENTUM)
         mass, preconditioner, factors = self.precondition(state, force)
         momentum = state.momentum if factors is None else [p * c for p, c in zip(state.momentum, factors)]
-        friction = self.read_setting("friction")
+        friction = self.friction_at(h)
         momentum = integrators.euler_momentum(
             momentum, force, noise, friction, h,
             noise_friction=friction, temperature=context.temperature, mass=mass,

@@ -12,7 +12,7 @@ import keras
 import tensorflow as tf
 
 from keras_thermo import random as kt_random
-from keras_thermo.samplers import integrators
+from keras_thermo.samplers import auto_step, integrators
 from keras_thermo.samplers.base import Sampler, StepContext, num_scalars
 
 
@@ -35,7 +35,9 @@ class SGLD(Sampler):
     `M^1/2 dtheta / sqrt(eps)`.
 
     Args:
-        step_size: eps, a positive float or a `LearningRateSchedule` of the step count.
+        step_size: eps, a positive float, a `LearningRateSchedule` of the step count, or `"auto"`
+            (the default: `0.04 / lambda` for the largest curvature lambda measured during the
+            first 1000 steps, then frozen; `samplers.auto_step`).
         preconditioner: None, `"layerwise"` (exact after its warm-up), `"rmsprop"` (pSGLD,
             approximate) or a `preconditioning.Preconditioner`.
 
@@ -49,6 +51,8 @@ class SGLD(Sampler):
     """
 
     name = "sgld"
+    #: eps = h^2: the automatic step size is `STABILITY_FRACTION^2 / lambda`.
+    step_size_is_time = False
 
     def init(self, params: Sequence[tf.Tensor], *, temperature: float, seed: int) -> SGLDState:
         del temperature, seed

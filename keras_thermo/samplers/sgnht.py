@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from keras_thermo import random as kt_random
 from keras_thermo._validation import check_choice
-from keras_thermo.samplers import integrators
+from keras_thermo.samplers import auto_step, integrators
 from keras_thermo.samplers.base import DEFAULT_WARMUP_STEPS, StepContext, ThermostatSampler
 
 
@@ -42,8 +42,10 @@ class SGNHT(ThermostatSampler):
     `xi` settles near `A + (h / 2) * (noise variance per coordinate) / T`.
 
     Args:
-        step_size: h, a positive float or a `LearningRateSchedule`.
-        friction: A > 0: the injected-noise amplitude `sqrt(2 A T)` and `xi_0`.
+        step_size: h, a positive float, a `LearningRateSchedule`, or `"auto"` (the default:
+            measured from the curvature during the warm-up, then frozen; `samplers.auto_step`).
+        friction: A > 0: the injected-noise amplitude `sqrt(2 A T)` and `xi_0`; None (the
+            default) follows the step size, `A = 0.01 / h` (SGD momentum 0.99, `samplers.auto_step`).
         thermal_mass: mu > 0; default `Nd`, the number of trainable scalars.
         mass: Scalar mass M > 0.
         integrator: `"euler"` (Algorithm 1) or `"symmetric"` (BAODDOAB).
@@ -66,8 +68,8 @@ class SGNHT(ThermostatSampler):
 
     def __init__(
         self,
-        step_size,
-        friction: float = 1.0,
+        step_size=auto_step.AUTO,
+        friction: float | None = None,
         thermal_mass: float | None = None,
         mass: float = 1.0,
         integrator: str = "euler",
@@ -93,7 +95,7 @@ class SGNHT(ThermostatSampler):
         if factors is not None:
             state = state._replace(momentum=[p * c for p, c in zip(state.momentum, factors)])
         state, restarted = self.restart_after_warmup(state, params, context, mass)
-        ou_kwargs = self.ou_kwargs(context, mass)
+        ou_kwargs = self.ou_kwargs(context, mass, h=h)
         thermostat_kwargs = self.thermostat_kwargs(params, context, mass)
         if self.integrator == "euler":
             noise = context.normal(state.step, params, kt_random.STREAM_MOMENTUM)

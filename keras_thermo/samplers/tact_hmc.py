@@ -69,7 +69,7 @@ from keras_thermo._validation import (
     check_optional_positive,
     check_positive,
 )
-from keras_thermo.samplers import integrators
+from keras_thermo.samplers import auto_step, integrators
 from keras_thermo.samplers.base import FloatSetting, Sampler, StepContext, num_scalars
 
 # Noise streams of this sampler beyond the shared ones in `keras_thermo.random`.
@@ -253,9 +253,12 @@ class TACTHMC(Sampler):
     thermal_inertia = FloatSetting(check_positive, dtype=integrators.THERMOSTAT_DTYPE)
     xi_thermal_inertia = FloatSetting(check_positive, dtype=integrators.THERMOSTAT_DTYPE)
 
+    #: eta = h^2 / M: the automatic step size is `STABILITY_FRACTION^2 / lambda`.
+    step_size_is_time = False
+
     def __init__(
         self,
-        step_size,
+        step_size=auto_step.AUTO,
         xi_step_size: float | None = None,
         noise: float = 0.1,
         xi_noise: float = 0.1,
@@ -320,10 +323,13 @@ class TACTHMC(Sampler):
 
     def init(self, params: Sequence[tf.Tensor], *, temperature: float, seed: int) -> TACTHMCState:
         step = tf.constant(0, tf.int64)
-        eta = self.step_size_at(step)
+        # The automatic step size is measured at the first step: until then the momenta carry
+        # eta = 1, and the first step rescales them to the measured eta (`step_size_ratio`).
+        unmeasured = tf.constant(1.0, tf.float32)
+        eta = unmeasured if self.is_auto_step_size else self.step_size_at(step)
         noise = kt_random.normal_like(kt_random.step_key(seed, step, kt_random.STREAM_INIT), params)
         momentum = [tf.sqrt(eta * temperature) * r for r in noise]
-        eta_xi = self.xi_step_size_at(step)
+        eta_xi = unmeasured if self.is_auto_step_size and self.xi_step_size is None else self.xi_step_size_at(step)
         if self.tempering:
             draw = kt_random.normal_like(kt_random.step_key(seed, step, kt_random.STREAM_TEMPERING_INIT), [tf.zeros([])])[0]
             xi_momentum = tf.sqrt(eta_xi * temperature) * draw

@@ -1,0 +1,186 @@
+"""The automatic step size (`step_size="auto"`) and the friction that follows it
+(`keras_thermo.samplers.auto_step`).
+
+On the shared linear-regression check (`keras_thermo.testing`) with its likelihood weighted by N
+from 10 to 10^7, the posterior precision spans six orders of magnitude: one default must serve
+them all. The largest curvature there is known in closed form, so the measurement is checked
+exactly; the chains are checked against the exact posterior within their Monte Carlo error.
+"""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_thermo as kt
+from keras_thermo import testing
+from keras_thermo.samplers import auto_step
+
+FEATURES = 3
+ROWS = 20
+PRIOR_STD = 1.0
+
+
+def _data():
+    return testing.linear_regression_data(ROWS, FEATURES, noise_std=0.5, seed=3)
+
+
+def _largest_eigenvalue(x, num_examples):
+    """Of the Hessian of U: `2 (N / n) A^T A + I / s^2` (`testing.linear_regression_posterior`)."""
+    _, covariance = testing.linear_regression_posterior(x, np.zeros((len(x), 1)), prior_std=PRIOR_STD, num_examples=num_examples)
+    return 1.0 / np.linalg.eigvalsh(covariance).min()
+
+
+def _fit_steps(sampler, num_examples, steps, *, seed=0):
+    x, y = _data()
+    model = kt.BayesianModel(
+        testing.linear_regression_net(FEATURES), sampler, num_examples=num_examples,
+        prior=kt.priors.Gaussian(PRIOR_STD), seed=seed,
+    )
+    model.compile(loss="mse", steps_per_execution=min(steps, 50))
+    data = tf.data.Dataset.from_tensors((x, y)).repeat()
+    steps_seen = []
+
+    class Logs(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            steps_seen.append((float(logs["step_size"]), float(logs["curvature"])))
+
+    history = model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[Logs()])
+    return model, history, steps_seen
+
+
+def test_power_iteration_finds_the_largest_curvature_in_the_mass_metric():
+    hessian = tf.constant([2.0, 50.0, 400.0])
+    force_at = lambda theta: [-hessian * theta[0]]  # noqa: E731
+    params = [tf.constant([0.3, -1.0, 2.0])]
+    step = tf.constant(0, tf.int64)
+    assert float(auto_step.largest_curvature(force_at, params, 1.0, seed=0, step=step)) == pytest.approx(400.0, rel=1e-3)
+    # With masses m the eigenvalues of M^-1 H are H / m.
+    masses = tf.constant([1.0, 1.0, 100.0])
+    lam = auto_step.largest_curvature(force_at, params, [1.0 / masses], seed=0, step=step)
+    assert float(lam) == pytest.approx(50.0, rel=1e-3)
+
+
+@pytest.mark.parametrize("num_examples", [10, 10**7])
+def test_auto_step_size_follows_the_curvature_over_six_orders_of_magnitude(num_examples):
+    x, _ = _data()
+    lam = _largest_eigenvalue(x, num_examples)
+    model, history, steps = _fit_steps(kt.samplers.SGNHT(), num_examples, 2)
+    step_size, curvature = steps[-1]
+    assert curvature == pytest.approx(lam, rel=1e-2)
+    assert step_size == pytest.approx(auto_step.STABILITY_FRACTION / np.sqrt(lam), rel=1e-2)
+    # The chosen values are the sampler's, the History's and the checkpoint's.
+    assert model.sampler.step_size == pytest.approx(step_size)
+    assert history.history["step_size"][-1] == pytest.approx(step_size)
+    assert any(v.name == "curvature" for v in model.variables)
+    # The friction follows: SGD momentum 1 - A h = DEFAULT_MOMENTUM.
+    assert float(model.sampler.friction_at(step_size)) * step_size == pytest.approx(1.0 - auto_step.DEFAULT_MOMENTUM)
+
+
+def test_squared_step_sizes_take_the_square_of_the_fraction():
+    x, _ = _data()
+    lam = _largest_eigenvalue(x, 1000)
+    _, _, steps = _fit_steps(kt.samplers.SGLD(), 1000, 2)
+    assert steps[-1][0] == pytest.approx(auto_step.STABILITY_FRACTION**2 / lam, rel=1e-2)
+
+
+def test_step_size_is_frozen_after_the_adaptation_window():
+    """After the window the step size never changes, even when the data's curvature does (a
+    second fit on features 3x larger: 9x the curvature), so the chain is one fixed kernel."""
+    x, y = _data()
+    sampler = kt.samplers.SGHMC()
+    window = sampler.adaptation_steps
+    model = kt.BayesianModel(
+        testing.linear_regression_net(FEATURES), sampler, num_examples=1000, prior=kt.priors.Gaussian(PRIOR_STD), seed=0,
+    )
+    model.compile(loss="mse", steps_per_execution=50)
+    model.fit(tf.data.Dataset.from_tensors((x, y)).repeat(), steps_per_epoch=window + 50, epochs=1, verbose=0)
+    frozen = model.sampler.step_size
+    history = model.fit(tf.data.Dataset.from_tensors((3 * x, y)).repeat(), steps_per_epoch=300, epochs=1, verbose=0)
+    assert history.history["step_size"][-1] == frozen
+    assert model.sampler.step_size == frozen
+    # Within the window the same change of data is measured (the test can fail).
+    fresh = kt.BayesianModel(
+        testing.linear_regression_net(FEATURES), kt.samplers.SGHMC(), num_examples=1000,
+        prior=kt.priors.Gaussian(PRIOR_STD), seed=0,
+    )
+    fresh.compile(loss="mse", steps_per_execution=50)
+    fresh.fit(tf.data.Dataset.from_tensors((x, y)).repeat(), steps_per_epoch=100, epochs=1, verbose=0)
+    before = fresh.sampler.step_size
+    fresh.fit(tf.data.Dataset.from_tensors((3 * x, y)).repeat(), steps_per_epoch=window, epochs=1, verbose=0)
+    assert fresh.sampler.step_size < 0.5 * before
+
+
+def test_auto_round_trips_in_the_config_and_rejects_other_strings():
+    sampler = kt.samplers.CCAdL()
+    config = sampler.get_config()
+    assert config["step_size"] == "auto" and config["friction"] is None
+    assert kt.samplers.CCAdL.from_config(config).is_auto_step_size
+    with pytest.raises(ValueError, match="step_size.*'auto'.*'fast'"):
+        kt.samplers.SGHMC(step_size="fast")
+    with pytest.raises(ValueError, match="BayesianModel"):
+        kt.samplers.SGLD().step_size_at(tf.constant(0, tf.int64))
+
+
+# --- the chains: stable, and at the posterior, from N = 10 to 10^7 -------------------------------
+
+# Full batch: no gradient noise. CCAdL and mCCAdL estimate a noise from the per-example gradients
+# (N^2/n V) that a weighted full batch does not have, so they run on minibatches below.
+FULL_BATCH_SAMPLERS = {"sghmc": (kt.samplers.SGHMC, 6000), "sgnht": (kt.samplers.SGNHT, 6000), "sgld": (kt.samplers.SGLD, 20000)}
+NOISY_SAMPLERS = {"ccadl": kt.samplers.CCAdL, "mccadl": kt.samplers.MCCAdL}
+CHAINS = 8
+
+
+def _chains(make_sampler, x, y, *, num_examples, batch_size, num_steps):
+    window = make_sampler().adaptation_steps
+    result = testing.run_chains(
+        make_sampler, x, y, num_chains=CHAINS, num_steps=window + num_steps, batch_size=batch_size,
+        burn_in_steps=window + num_steps // 5, every_n_steps=5, prior_std=PRIOR_STD, num_examples=num_examples,
+    )
+    mean, covariance = testing.linear_regression_posterior(x, y, prior_std=PRIOR_STD, num_examples=num_examples)
+    return testing.compare_with_gaussian(result.samples, mean, covariance)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_examples", [10, 10**4, 10**7])
+@pytest.mark.parametrize("name", sorted(FULL_BATCH_SAMPLERS))
+def test_auto_step_size_samples_the_posterior(name, num_examples):
+    make_sampler, num_steps = FULL_BATCH_SAMPLERS[name]
+    x, y = _data()
+    check = _chains(make_sampler, x, y, num_examples=num_examples, batch_size=ROWS, num_steps=num_steps)
+    assert check.passed, check.summary()
+    assert np.all(check.detectable_variance_error < 0.3), check.summary()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scale", [1.0, 30.0, 1000.0])  # the likelihood's precision times 1 to 10^6
+@pytest.mark.parametrize("name", sorted(NOISY_SAMPLERS))
+def test_auto_step_size_with_gradient_noise_samples_the_posterior(name, scale):
+    x, y = testing.linear_regression_data(200, FEATURES, noise_std=0.5, seed=3)
+    check = _chains(NOISY_SAMPLERS[name], scale * x, y, num_examples=None, batch_size=20, num_steps=6000)
+    assert check.passed, check.summary()
+    assert np.all(check.detectable_variance_error < 0.3), check.summary()
+
+
+@pytest.mark.slow
+def test_the_small_data_step_size_fails_at_large_n():
+    """The case that shows the check can fail: the step size chosen at N = 10, used at N = 10^7
+    (a thousand times too long for that curvature), does not give the posterior."""
+    x, y = _data()
+    small = auto_step.STABILITY_FRACTION / np.sqrt(_largest_eigenvalue(x, 10))
+    with pytest.raises((AssertionError, kt.SamplerDivergedError)):
+        check = _chains(lambda: kt.samplers.SGNHT(small), x, y, num_examples=10**7, batch_size=ROWS, num_steps=1000)
+        assert check.passed, check.summary()
+
+
+def test_a_given_step_size_above_the_stability_bound_warns_and_names_the_automatic_one():
+    x, _ = _data()
+    lam = _largest_eigenvalue(x, 1000)
+    with pytest.warns(UserWarning, match=r"step_size=.* above the stability bound .* step_size='auto' would choose about"):
+        _fit_steps(kt.samplers.SGHMC(3.0 / np.sqrt(lam)), 1000, 1)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*stability bound.*")
+        _, _, steps = _fit_steps(kt.samplers.SGHMC(1.0 / np.sqrt(lam)), 1000, 1)
+    assert steps[-1][1] == pytest.approx(lam, rel=1e-2)  # measured, and logged, for a given step size too
