@@ -29,7 +29,6 @@ The samplers are driven exactly as in `benchmarks.regression_w2` (their own `upd
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -39,7 +38,9 @@ import tensorflow as tf
 
 from keras_thermo import data as kt_data
 from keras_thermo import metrics as kt_metrics
-from benchmarks.regression_w2 import load_config, make_chunk_runner, make_sampler, machine, plot, run_passes, sweep, write_results
+from benchmarks.regression_w2 import (
+    make_chunk_runner, make_sampler, machine, parse_arguments, plot, run_passes, sweep, write_results,
+)
 
 
 def load_dataset(config: dict):
@@ -137,12 +138,9 @@ def run_one(method, step_size, friction, data, settings, options) -> dict:
 
 
 def main(argv=None) -> dict | None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/logistic_digits.yaml")
-    parser.add_argument("--out", default="runs/logistic_digits")
-    parser.add_argument("--quick", action="store_true", help="the config's short `quick` variant")
-    args = parser.parse_args(argv)
-    config = load_config(args.config, args.quick)
+    args, config = parse_arguments(
+        argv, __doc__.splitlines()[0], config="configs/logistic_digits.yaml", out="runs/logistic_digits"
+    )
     try:
         data = load_dataset(config)
     except kt_data.DatasetNotPreparedError as error:

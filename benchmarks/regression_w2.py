@@ -340,13 +340,21 @@ def load_config(path: str, quick: bool) -> dict:
     return config
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/regression_w2.yaml")
-    parser.add_argument("--out", default="runs/w2")
+def parse_arguments(argv, description: str, *, config: str, out: str) -> tuple[argparse.Namespace, dict]:
+    """`(args, config)` of a script run as `--config PATH --out DIR [--quick]` (defaults
+    `config` and `out`), with the config read by `load_config`."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", default=config)
+    parser.add_argument("--out", default=out)
     parser.add_argument("--quick", action="store_true", help="the config's short `quick` variant")
     args = parser.parse_args(argv)
-    config = load_config(args.config, args.quick)
+    return args, load_config(args.config, args.quick)
+
+
+def main(argv=None) -> dict:
+    args, config = parse_arguments(
+        argv, __doc__.splitlines()[0], config="configs/regression_w2.yaml", out="runs/w2"
+    )
     settings = {
         key: config[key]
         for key in ("num_examples", "num_features", "prior_variance", "batch_size", "passes",
