@@ -29,10 +29,8 @@ The samplers are driven exactly as in `benchmarks.regression_w2` (their own `upd
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
 import time
 
 import numpy as np
@@ -40,7 +38,9 @@ import tensorflow as tf
 
 from keras_thermo import data as kt_data
 from keras_thermo import metrics as kt_metrics
-from benchmarks.regression_w2 import load_config, make_chunk_runner, make_sampler, plot
+from benchmarks.regression_w2 import (
+    make_chunk_runner, make_sampler, machine, parse_arguments, plot, run_passes, sweep, write_results,
+)
 
 
 def load_dataset(config: dict):
@@ -108,22 +108,18 @@ def run_one(method, step_size, friction, data, settings, options) -> dict:
     burn_in = int(settings["burn_in_fraction"] * settings["passes"])
     total, count, per_sample_losses = np.zeros(x_train.shape[1]), 0, []
     passes, test_log_likelihood = [], []
-    blew_up_at = None
-    start = time.perf_counter()
-    for pass_index in range(1, settings["passes"] + 1):
-        theta, state, samples, _ = run(
-            state, theta, tf.constant((pass_index - 1) * steps_per_pass), tf.constant(steps_per_pass)
-        )
-        samples = samples.numpy()
-        if not np.all(np.isfinite(samples)):
-            blew_up_at = pass_index
-            break
+
+    def on_pass(pass_index, samples, _):
+        nonlocal total, count
         if pass_index > burn_in:
             total += samples.sum(axis=0)
             count += len(samples)
             per_sample_losses.extend(_mean_log_loss(samples[:: settings["thin"]], x_test, s_test).tolist())
             passes.append(pass_index)
             test_log_likelihood.append(-float(_mean_log_loss((total / count)[None], x_test, s_test)[0]))
+
+    start = time.perf_counter()
+    blew_up_at = run_passes(run, state, theta, passes=settings["passes"], steps_per_pass=steps_per_pass, on_pass=on_pass)
     expected_loss = (
         kt_metrics.expected_log_loss(per_sample_losses) if blew_up_at is None and per_sample_losses
         else float("nan")
@@ -142,33 +138,22 @@ def run_one(method, step_size, friction, data, settings, options) -> dict:
 
 
 def main(argv=None) -> dict | None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/logistic_digits.yaml")
-    parser.add_argument("--out", default="runs/logistic_digits")
-    parser.add_argument("--quick", action="store_true", help="the config's short `quick` variant")
-    args = parser.parse_args(argv)
-    config = load_config(args.config, args.quick)
+    args, config = parse_arguments(
+        argv, __doc__.splitlines()[0], config="configs/logistic_digits.yaml", out="runs/logistic_digits"
+    )
     try:
         data = load_dataset(config)
     except kt_data.DatasetNotPreparedError as error:
         print(f"Skipping {config['dataset']}: {error}")
         return None
     settings = {k: config[k] for k in ("batch_size", "passes", "burn_in_fraction", "seed", "thin")}
-    methods, frictions, step_sizes = config["methods"], config["frictions"], config["step_sizes"]
+    frictions, step_sizes = config["frictions"], config["step_sizes"]
     options = config.get("sampler_options", {})
-    runs = []
-    for friction in frictions:
-        for step_size in step_sizes:
-            for method in methods:
-                result = run_one(method, step_size, friction, data, settings, options)
-                runs.append(result)
-                status = (
-                    f"blew up at pass {result['blew_up_at_pass']}" if result["blew_up_at_pass"]
-                    else f"expected log loss {result['expected_log_loss']:.4f}, test log lik. of mean "
-                    f"{result['test_log_likelihood_of_mean'][-1]:.4f}"
-                )
-                print(f"A={friction:g} h={step_size:g} {method:7s} {status} ({result['seconds']:.1f} s)",
-                      flush=True)
+    runs = sweep(
+        config, lambda method, step_size, friction: run_one(method, step_size, friction, data, settings, options),
+        lambda result: f"expected log loss {result['expected_log_loss']:.4f}, test log lik. of mean "
+        f"{result['test_log_likelihood_of_mean'][-1]:.4f}",
+    )
     table = {
         f"h={h:g}": {
             f"A={f:g}": {r["method"]: r["expected_log_loss"] for r in runs if r["friction"] == f and r["step_size"] == h}
@@ -182,13 +167,11 @@ def main(argv=None) -> dict | None:
         "num_train": int(len(data[0])),
         "num_test": int(len(data[2])),
         "num_params": int(data[0].shape[1]),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "machine": machine(),
         "expected_log_loss_table": table,
         "runs": runs,
     }
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.json"), "w") as handle:
-        json.dump(results, handle, indent=1)
+    write_results(args.out, results)
     plot(runs, frictions, step_sizes, os.path.join(args.out, "test_log_likelihood.png"),
          key="test_log_likelihood_of_mean", ylabel="test log lik. of posterior mean", log_y=False,
          title=f"{config['dataset']} 7 vs 9")

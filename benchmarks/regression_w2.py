@@ -119,6 +119,52 @@ def make_chunk_runner(
     return run
 
 
+def run_passes(run, state, theta, *, passes: int, steps_per_pass: int, on_pass) -> int | None:
+    """Drives `run` (from `make_chunk_runner`) one pass of `steps_per_pass` steps at a time,
+    calling `on_pass(pass_index, samples, logs)` (passes counted from 1, `samples` a numpy
+    `[steps_per_pass, Nd]`) after each pass whose samples are all finite. Returns the first pass
+    with a non-finite sample, where it stops, or None."""
+    for pass_index in range(1, passes + 1):
+        theta, state, samples, logs = run(
+            state, theta, tf.constant((pass_index - 1) * steps_per_pass), tf.constant(steps_per_pass)
+        )
+        samples = samples.numpy()
+        if not np.all(np.isfinite(samples)):
+            return pass_index
+        on_pass(pass_index, samples, logs)
+    return None
+
+
+def sweep(config: dict, run_one, describe) -> list[dict]:
+    """`run_one(method, step_size, friction)` for every friction, step size and method of the
+    config (in that nesting), each printed as it finishes: its blow-up pass or `describe(result)`."""
+    runs = []
+    for friction in config["frictions"]:
+        for step_size in config["step_sizes"]:
+            for method in config["methods"]:
+                result = run_one(method, step_size, friction)
+                runs.append(result)
+                status = (
+                    f"blew up at pass {result['blew_up_at_pass']}" if result["blew_up_at_pass"]
+                    else describe(result)
+                )
+                print(f"A={friction:g} h={step_size:g} {method:7s} {status} ({result['seconds']:.1f} s)",
+                      flush=True)
+    return runs
+
+
+def machine() -> str:
+    """The processor and its core count, for the results."""
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+
+
+def write_results(out: str, results: dict) -> None:
+    """`results` as `results.json` under `out` (created if missing)."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "results.json"), "w") as handle:
+        json.dump(results, handle, indent=1)
+
+
 class RunningGaussian:
     """Mean and covariance of all vectors added so far (float64 sums)."""
 
@@ -206,16 +252,8 @@ def run_one(method, step_size, friction, problem, settings, options) -> dict:
     w2 = GaussianW2(mean, covariance)
     fitted = RunningGaussian(len(mean))
     passes, distances, diagnostics = [], [], {}
-    blew_up_at = None
-    start = time.perf_counter()
-    for pass_index in range(1, settings["passes"] + 1):
-        theta, state, samples, logs = run(
-            state, theta, tf.constant((pass_index - 1) * steps_per_pass), tf.constant(steps_per_pass)
-        )
-        samples = samples.numpy()
-        if not np.all(np.isfinite(samples)):
-            blew_up_at = pass_index
-            break
+
+    def on_pass(pass_index, samples, logs):
         if pass_index > settings["burn_in_passes"]:
             fitted.add(samples)
             if fitted.count > len(mean):  # a full-rank empirical covariance
@@ -223,6 +261,9 @@ def run_one(method, step_size, friction, problem, settings, options) -> dict:
                 distances.append(w2(*fitted.mean_and_covariance()))
         for key, value in logs.items():
             diagnostics.setdefault(key, []).append(float(value))
+
+    start = time.perf_counter()
+    blew_up_at = run_passes(run, state, theta, passes=settings["passes"], steps_per_pass=steps_per_pass, on_pass=on_pass)
     seconds = time.perf_counter() - start
     # A chain that stays finite but wanders off by orders of magnitude is unstable too.
     if blew_up_at is None and distances and distances[-1] > settings["blow_up_w2"]:
@@ -299,13 +340,21 @@ def load_config(path: str, quick: bool) -> dict:
     return config
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/regression_w2.yaml")
-    parser.add_argument("--out", default="runs/w2")
+def parse_arguments(argv, description: str, *, config: str, out: str) -> tuple[argparse.Namespace, dict]:
+    """`(args, config)` of a script run as `--config PATH --out DIR [--quick]` (defaults
+    `config` and `out`), with the config read by `load_config`."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", default=config)
+    parser.add_argument("--out", default=out)
     parser.add_argument("--quick", action="store_true", help="the config's short `quick` variant")
     args = parser.parse_args(argv)
-    config = load_config(args.config, args.quick)
+    return args, load_config(args.config, args.quick)
+
+
+def main(argv=None) -> dict:
+    args, config = parse_arguments(
+        argv, __doc__.splitlines()[0], config="configs/regression_w2.yaml", out="runs/w2"
+    )
     settings = {
         key: config[key]
         for key in ("num_examples", "num_features", "prior_variance", "batch_size", "passes",
@@ -316,22 +365,14 @@ def main(argv=None) -> dict:
     problem = regression_problem(
         settings["num_examples"], settings["num_features"], settings["prior_variance"], config["data_seed"]
     )
-    runs = []
-    for friction in frictions:
-        for step_size in step_sizes:
-            for method in methods:
-                result = run_one(method, step_size, friction, problem, settings, options)
-                runs.append(result)
-                status = (
-                    f"blew up at pass {result['blew_up_at_pass']}" if result["blew_up_at_pass"]
-                    else f"W2 {result['final_w2']:.4g}"
-                )
-                print(f"A={friction:g} h={step_size:g} {method:7s} {status} ({result['seconds']:.1f} s)",
-                      flush=True)
+    runs = sweep(
+        config, lambda method, step_size, friction: run_one(method, step_size, friction, problem, settings, options),
+        lambda result: f"W2 {result['final_w2']:.4g}",
+    )
     results = {
         "config": config,
         "quick": args.quick,
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "machine": machine(),
         "posterior_std_mean": float(np.sqrt(np.diag(problem[2])).mean()),
         "largest_stable_step": largest_stable_step(runs, methods, frictions),
         "final_w2_table": {
@@ -343,9 +384,7 @@ def main(argv=None) -> dict:
         },
         "runs": runs,
     }
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.json"), "w") as handle:
-        json.dump(results, handle, indent=1)
+    write_results(args.out, results)
     plot(runs, frictions, step_sizes, os.path.join(args.out, "w2.png"))
     print(json.dumps({"largest_stable_step": results["largest_stable_step"],
                       "final_w2_table": results["final_w2_table"]}, indent=1))

@@ -16,16 +16,24 @@ def regression_arrays():
     return x, y
 
 
+def tanh_net(hidden=4, *, inputs=3, outputs=1, seed=1, **hidden_options):
+    """The small regression net: `inputs` -> `hidden` tanh units -> `outputs` linear units, its
+    initial weights drawn by Keras from `seed` (the same on every call); `hidden_options` go to
+    the hidden `Dense` (e.g. a `kernel_regularizer`)."""
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([
+        keras.Input((inputs,)),
+        keras.layers.Dense(hidden, activation="tanh", **hidden_options),
+        keras.layers.Dense(outputs),
+    ])
+
+
 def regression_model(make_sampler, seed=11):
-    """A 3-4-1 tanh net for `regression_arrays()` in a `BayesianModel` with `make_sampler()`,
+    """The 3-4-1 `tanh_net` for `regression_arrays()` in a `BayesianModel` with `make_sampler()`,
     compiled with mse and one step per execution (Keras 3 cannot run more under
     MirroredStrategy); the same initial weights on every call, the noise keyed by `seed`."""
-    keras.utils.set_random_seed(1)
-    net = keras.Sequential(
-        [keras.Input((3,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)]
-    )
     model = kt.BayesianModel(
-        net, make_sampler(), num_examples=NUM_EXAMPLES, prior=kt.priors.Gaussian(1.0), seed=seed
+        tanh_net(), make_sampler(), num_examples=NUM_EXAMPLES, prior=kt.priors.Gaussian(1.0), seed=seed
     )
     model.compile(loss="mse", steps_per_execution=1)
     return model
@@ -39,3 +47,17 @@ def assert_close_to_scale(actual, expected, rtol: float) -> None:
     scale = np.max(np.abs(expected))
     assert scale > 0
     np.testing.assert_allclose(actual, expected, rtol=0, atol=rtol * scale)
+
+
+class StepLogs(keras.callbacks.Callback):
+    """Every step's logs (potential, temperature, thermostat...), to compare trajectories."""
+
+    def __init__(self):
+        super().__init__()
+        self.logs = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.logs.append(dict(logs))
+
+    def series(self, key):
+        return np.array([entry[key] for entry in self.logs], dtype=np.float64)

@@ -19,6 +19,8 @@ import keras_thermo as kt
 from keras_thermo import testing as kt_testing
 from keras_thermo.random import chain_seed
 
+from helpers import tanh_net
+
 N = 64
 C = 4
 
@@ -30,14 +32,9 @@ def _data(n=N, seed=0):
     return x, y
 
 
-def _net():
-    keras.utils.set_random_seed(1)
-    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)])
-
-
 def _model(sampler=None, num_chains=C, seed=3, net=None, **kwargs):
     model = kt.BayesianModel(
-        net or _net(), sampler or kt.samplers.SGNHT(1e-2), num_examples=N, prior=kt.priors.Gaussian(1.0),
+        net or tanh_net(), sampler or kt.samplers.SGNHT(1e-2), num_examples=N, prior=kt.priors.Gaussian(1.0),
         seed=seed, num_chains=num_chains, **kwargs,
     )
     model.compile(loss="mse")

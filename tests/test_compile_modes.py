@@ -46,6 +46,8 @@ import tensorflow as tf
 import keras_thermo as kt
 from keras_thermo import random as kt_random
 
+from helpers import tanh_net
+
 NUM_EXAMPLES = 24
 BATCH_SIZE = 4  # 6 batches per epoch: two whole executions of 3 steps
 EPOCHS = 2
@@ -103,9 +105,7 @@ def _fit(name, *, steps_per_execution, jit_compile, noiseless=False, per_example
     else:
         sampler, temperature = factory(1.0), 1.0
     x, y, loss, outputs = _data(task)
-    keras.utils.set_random_seed(0)  # the same initial weights in every run
-    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"),
-                            keras.layers.Dense(outputs)])
+    net = tanh_net(outputs=outputs, seed=0)  # the same initial weights in every run
     initial = [w.copy() for w in net.get_weights()]
     extra = {} if per_example_method is None else {"per_example_method": per_example_method}
     model = kt.BayesianModel(net, sampler, num_examples=NUM_EXAMPLES, prior=kt.priors.Gaussian(1.0),

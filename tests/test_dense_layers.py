@@ -338,7 +338,7 @@ def test_bad_inputs_are_rejected_by_name():
         dense_layer_gradients(net, 42, x, targets)
     with pytest.raises(ValueError, match=r"`sample_weight`.*\[n\].*\(16, 1\)"):
         dense_layer_gradients(net, _squared_error, x, targets, weights[:, None])
-    with pytest.raises(ValueError, match=r"at least 2 examples; got 1"):
+    with pytest.raises(ValueError, match=r"at least 2 examples; got n=1"):
         dense_layer_gradients(net, "mse", x[:1], targets[:1])
     with pytest.raises(ValueError, match=r"reduction"):
         dense_layer_gradients(net, keras.losses.MeanSquaredError(reduction="sum"), x, targets)

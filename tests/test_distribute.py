@@ -25,7 +25,7 @@ import tensorflow as tf
 import keras_thermo as kt
 from keras_thermo.callbacks import TACTHistograms
 
-from helpers import NUM_EXAMPLES, regression_arrays, regression_model
+from helpers import NUM_EXAMPLES, StepLogs, regression_arrays, regression_model
 
 GLOBAL_BATCH = 16
 STEPS = 200  # one epoch over the data repeated: a new epoch costs a distributed iterator
@@ -53,20 +53,6 @@ def _strategy():
     if len(devices) < 2:
         pytest.skip("needs the two logical CPU devices set up by tests/conftest.py")
     return tf.distribute.MirroredStrategy(devices)
-
-
-class _StepLogs(keras.callbacks.Callback):
-    """Every step's logs (potential, temperature, thermostat...), to compare trajectories."""
-
-    def __init__(self):
-        super().__init__()
-        self.logs = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.logs.append(dict(logs))
-
-    def series(self, key):
-        return np.array([entry[key] for entry in self.logs], dtype=np.float64)
 
 
 class _ReplicasAgree(keras.callbacks.Callback):
@@ -97,7 +83,7 @@ def _dataset(x, y):
 
 
 def _fit(model, callbacks=()):
-    steps = _StepLogs()
+    steps = StepLogs()
     model.fit(_dataset(*regression_arrays()), epochs=1, verbose=0, callbacks=[steps, *callbacks])
     return steps
 

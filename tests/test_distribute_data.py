@@ -20,6 +20,8 @@ import tensorflow as tf
 
 import keras_thermo as kt
 
+from helpers import tanh_net
+
 N = 128
 BATCH = 16
 EPOCHS = 3
@@ -43,12 +45,8 @@ def _arrays(n=N):
 def _model(strategy=None, n=N):
     scope = strategy.scope() if strategy is not None else tf.distribute.get_strategy().scope()
     with scope:
-        keras.utils.set_random_seed(1)
-        net = keras.Sequential(
-            [keras.Input((3,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)]
-        )
         model = kt.BayesianModel(
-            net, kt.samplers.SGHMC(3e-3, friction=2.0), num_examples=n, prior=kt.priors.Gaussian(1.0), seed=11
+            tanh_net(), kt.samplers.SGHMC(3e-3, friction=2.0), num_examples=n, prior=kt.priors.Gaussian(1.0), seed=11
         )
         model.compile(loss="mse")
     return model

@@ -12,6 +12,8 @@ import tensorflow as tf
 
 import keras_thermo as kt
 
+from helpers import tanh_net
+
 N = 64
 
 
@@ -23,12 +25,7 @@ def _data(n=N, d=3, seed=0):
 
 
 def _net(d=3, regularizer=None, seed=1):
-    keras.utils.set_random_seed(seed)
-    return keras.Sequential([
-        keras.Input((d,)),
-        keras.layers.Dense(4, activation="tanh", kernel_regularizer=regularizer),
-        keras.layers.Dense(1),
-    ])
+    return tanh_net(inputs=d, seed=seed, kernel_regularizer=regularizer)
 
 
 def _model(sampler=None, net=None, **kwargs):

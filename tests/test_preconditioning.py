@@ -22,6 +22,8 @@ from keras_thermo import random as kt_random
 from keras_thermo.samplers.base import StepContext
 from keras_thermo.samplers.preconditioning import Preconditioner, PreconditionerState
 
+from helpers import tanh_net
+
 SEED = 11
 NUM_EXAMPLES = 100
 BATCH = 4
@@ -245,8 +247,7 @@ def test_a_mass_change_rescales_the_momentum_to_keep_its_kinetic_energy():
 
 
 def _model(seed=3):
-    keras.utils.set_random_seed(1)
-    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="tanh"), keras.layers.Dense(1)])
+    net = tanh_net(2)
     sampler = kt.samplers.SGNHT(1e-2, preconditioner=Preconditioner("layerwise", warmup_steps=5))
     model = kt.BayesianModel(net, sampler, num_examples=64, prior=kt.priors.Gaussian(1.0), seed=seed)
     model.compile(loss="mse")

@@ -12,6 +12,8 @@ from scipy import stats
 import keras_thermo as kt
 from keras_thermo import testing
 
+from helpers import tanh_net
+
 NUM_DRAWS = 5_000
 # Bonferroni over the 2 moments x 2 variables of a check, familywise 1e-3.
 Z_THRESHOLD = float(stats.norm.ppf(1 - 1e-3 / (2 * 4)))
@@ -98,8 +100,7 @@ def test_potential_is_the_joint_negative_log_density():
 
 
 def _model(prior, seed=3):
-    keras.utils.set_random_seed(1)
-    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="tanh"), keras.layers.Dense(1)])
+    net = tanh_net(2)
     # A layerwise mass frozen after 5 steps: this test also covers its resume (one set of fits
     # for both states, for the default suite's time).
     sampler = kt.samplers.SGHMC(1e-2, friction=2.0, preconditioner=kt.samplers.Preconditioner("layerwise", warmup_steps=5))

@@ -9,6 +9,8 @@ import tensorflow as tf
 
 import keras_thermo as kt
 
+from helpers import tanh_net
+
 N = 64
 STEPS_PER_EPOCH = 6
 
@@ -33,9 +35,7 @@ def _data():
 
 
 def _model(make_sampler):
-    keras.utils.set_random_seed(1)
-    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)])
-    model = kt.BayesianModel(net, make_sampler(), num_examples=N, prior=kt.priors.Gaussian(1.0), seed=11)
+    model = kt.BayesianModel(tanh_net(), make_sampler(), num_examples=N, prior=kt.priors.Gaussian(1.0), seed=11)
     model.compile(loss="mse", steps_per_execution=2)
     return model
 

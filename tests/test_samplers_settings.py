@@ -16,6 +16,8 @@ import tensorflow as tf
 import keras_thermo as kt
 from keras_thermo.samplers.base import StepContext
 
+from helpers import tanh_net
+
 PARAMS = [tf.constant([0.3, -0.2, 0.5]), tf.constant([[1.0, -0.4]])]
 FORCE = [tf.constant([1.0, 2.0, -1.0]), tf.constant([[-0.5, 0.25]])]
 PER_EXAMPLE = tf.constant(np.random.default_rng(0).normal(size=(4, 5)), tf.float32)
@@ -141,9 +143,7 @@ def _data():
 def _fit_twice(model_class, new_friction):
     """Two fits of SGHMC from the same start and seed; `friction` set to `new_friction` (if not
     None) between them. Returns the model and its weights after the second fit."""
-    keras.utils.set_random_seed(1)
-    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="tanh"), keras.layers.Dense(1)])
-    model = model_class(net, kt.samplers.SGHMC(1e-3, friction=1.0), num_examples=64, seed=3)
+    model = model_class(tanh_net(2), kt.samplers.SGHMC(1e-3, friction=1.0), num_examples=64, seed=3)
     model.compile(loss="mse")
     x, y = _data()
     model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)

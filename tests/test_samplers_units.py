@@ -9,6 +9,8 @@ import pytest
 import keras_thermo as kt
 from keras_thermo.samplers import units
 
+from helpers import tanh_net
+
 NUM_EXAMPLES = 64
 
 
@@ -37,16 +39,12 @@ def test_sghmc_without_noise_is_keras_sgd_with_that_learning_rate_and_momentum(m
     x = rng.standard_normal((NUM_EXAMPLES, 3)).astype("float32")
     y = rng.standard_normal((NUM_EXAMPLES, 1)).astype("float32")
 
-    def net():
-        keras.utils.set_random_seed(1)
-        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)])
-
-    reference = net()
+    reference = tanh_net()
     reference.compile(optimizer=keras.optimizers.SGD(0.05, momentum=momentum), loss="mse")
     reference.fit(x, y, batch_size=NUM_EXAMPLES, epochs=20, shuffle=False, verbose=0)
 
     sampler = kt.samplers.SGHMC.from_learning_rate(0.05, momentum, num_examples=NUM_EXAMPLES)
-    model = kt.BayesianModel(net(), sampler, num_examples=NUM_EXAMPLES, temperature=1e-30, seed=0, temperature_check=False)
+    model = kt.BayesianModel(tanh_net(), sampler, num_examples=NUM_EXAMPLES, temperature=1e-30, seed=0, temperature_check=False)
     model.compile(loss="mse")
     with pytest.warns(UserWarning, match="variance 1/2"):
         model.fit(x, y, batch_size=NUM_EXAMPLES, epochs=20, shuffle=False, verbose=0)

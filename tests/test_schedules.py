@@ -10,6 +10,8 @@ import tensorflow as tf
 import keras_thermo as kt
 from keras_thermo import testing
 
+from helpers import StepLogs, tanh_net
+
 # float32 cosine of a float32 argument: a few ulps of 1, relative to h0.
 COSINE_ATOL = 1e-6
 
@@ -130,8 +132,7 @@ def test_temperature_ramp_values(interpolation):
 
 
 def _regression_model(temperature, seed=3):
-    keras.utils.set_random_seed(1)
-    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, activation="tanh"), keras.layers.Dense(1)])
+    net = tanh_net(2)
     model = kt.BayesianModel(
         # No warm-up: these runs are about the temperature ramp, which alone should hold back
         # an EquilibrationCheck (a warm-up would too, see tests/test_temperature_check.py).
@@ -156,19 +157,10 @@ class _SetTemperature(keras.callbacks.Callback):
         self.model.temperature = float(self.schedule(self.model.sampler_step))
 
 
-class _BatchLogs(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.logs = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.logs.append(dict(logs))
-
-
 def test_a_temperature_schedule_sets_every_steps_temperature():
     ramp = kt.schedules.TemperatureRamp(5.0, 1.0, ramp_steps=6)
     scheduled = _regression_model(ramp)
-    batch_logs = _BatchLogs()
+    batch_logs = StepLogs()
     scheduled.fit(_regression_data(), steps_per_epoch=10, epochs=1, verbose=0, callbacks=[batch_logs])
     assert [log["temperature"] for log in batch_logs.logs] == [float(ramp(t)) for t in range(10)]
     assert scheduled.temperature == 1.0 and scheduled.temperature_schedule is ramp
@@ -176,7 +168,7 @@ def test_a_temperature_schedule_sets_every_steps_temperature():
     # The same chain driven step by step through the float temperature's variable (which the
     # existing tests check), starting at T(0) as the schedule does (p_0 ~ N(0, T(0) M)).
     driven = _regression_model(5.0)
-    driven_logs = _BatchLogs()
+    driven_logs = StepLogs()
     driven.fit(_regression_data(), steps_per_epoch=10, epochs=1, verbose=0, callbacks=[_SetTemperature(ramp), driven_logs])
     assert "temperature" not in driven_logs.logs[0]  # logged only when scheduled
     for u, v in zip(scheduled.trainable_variables + scheduled.non_trainable_variables,

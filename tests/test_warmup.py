@@ -35,6 +35,8 @@ from keras_thermo.samplers.base import StepContext
 from keras_thermo.samplers.ccadl import CCAdL
 from keras_thermo.samplers.mccadl import MCCAdL
 
+from helpers import tanh_net
+
 NUM_EXAMPLES, NUM_FEATURES, BATCH, STEP, FRICTION, PRIOR_STD = 2000, 5, 1000, 1e-3, 1.0, 10**0.5
 ALPHA = 0.01
 SAMPLERS = {"sgnht": kt.samplers.SGNHT, "ccadl": CCAdL, "mccadl": MCCAdL}
@@ -122,9 +124,7 @@ def test_resume_across_the_restart_is_bit_exact(name, tmp_path):
     data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8)
 
     def model():
-        keras.utils.set_random_seed(1)
-        net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)])
-        bayesian = kt.BayesianModel(net, RESUME_SAMPLERS[name](), num_examples=64, prior=kt.priors.Gaussian(1.0), seed=3)
+        bayesian = kt.BayesianModel(tanh_net(), RESUME_SAMPLERS[name](), num_examples=64, prior=kt.priors.Gaussian(1.0), seed=3)
         bayesian.compile(loss="mse")
         return bayesian
 

@@ -57,26 +57,57 @@ def dimension(tensor: tf.Tensor, axis: int) -> Any:
     return static if static is not None else tf.shape(tensor)[axis]
 
 
-class CenteredRows(abc.ABC):
-    """An `[n, D]` matrix `Gc` (centered per-example gradients) given through its products.
+class RowProducts(abc.ABC):
+    """An `[n, D]` matrix `X` given through its products with blocks of vectors: the interface
+    that `CenteredRows` (the operand of the expm actions) and the per-example column blocks
+    (`keras_thermo.per_example.blocks.ColumnBlock`) share.
 
-    Subclasses implement the products and the two reductions below, and the custom nest
-    protocol (`__tf_flatten__` returning `(static_description, tensors)`, the class method
-    `__tf_unflatten__(static_description, tensors)` rebuilding an equal operator), so that
-    operators can be passed to a `tf.function` and carried through `tf.cond`. TensorFlow also
-    calls `__tf_unflatten__` with `tf.TensorSpec`s in place of the tensors, so it must store
-    the components as given, without converting or checking them.
-
-    Attributes:
-        num_rows: `n`, a Python int where known statically, else a scalar int32 tensor.
-        num_cols: `D`, likewise.
-        dtype: the floating dtype of every product (float32 or float64).
+    Subclasses also implement the custom nest protocol (`__tf_flatten__` returning
+    `(static_description, tensors)`, the class method `__tf_unflatten__(static_description,
+    tensors)` rebuilding an equal object), so that they can be passed to a `tf.function` and
+    carried through `tf.cond`. TensorFlow also calls `__tf_unflatten__` with `tf.TensorSpec`s in
+    place of the tensors, so it must store the components as given, without converting or
+    checking them.
     """
 
     @property
     @abc.abstractmethod
     def num_rows(self) -> Any:
         """`n`: Python int if static, scalar int32 tensor otherwise."""
+
+    @abc.abstractmethod
+    def matvec(self, block: tf.Tensor) -> tf.Tensor:
+        """`X @ block`: `[D, k]` -> `[n, k]`."""
+
+    @abc.abstractmethod
+    def rmatvec(self, block: tf.Tensor) -> tf.Tensor:
+        """`X^T @ block`: `[n, k]` -> `[D, k]`."""
+
+    @abc.abstractmethod
+    def gram(self) -> tf.Tensor:
+        """`X X^T`, `[n, n]`."""
+
+    @abc.abstractmethod
+    def __tf_flatten__(self) -> tuple[Hashable, Sequence[tf.Tensor]]:
+        """`(static description, tensors)`; the description must be hashable."""
+
+    @classmethod
+    @abc.abstractmethod
+    def __tf_unflatten__(cls, metadata: Hashable, components: Sequence[tf.Tensor]) -> "RowProducts":
+        """Rebuilds the object from `__tf_flatten__`'s output."""
+
+
+class CenteredRows(RowProducts):
+    """An `[n, D]` matrix `Gc` (centered per-example gradients) given through its products.
+
+    Subclasses implement the products of `RowProducts` (with `gram()`, `Gc Gc^T`, exactly
+    symmetric), its nest protocol, and the members below.
+
+    Attributes:
+        num_rows: `n`, a Python int where known statically, else a scalar int32 tensor.
+        num_cols: `D`, likewise.
+        dtype: the floating dtype of every product (float32 or float64).
+    """
 
     @property
     @abc.abstractmethod
@@ -87,18 +118,6 @@ class CenteredRows(abc.ABC):
     @abc.abstractmethod
     def dtype(self) -> tf.DType:
         """Dtype of the products."""
-
-    @abc.abstractmethod
-    def matvec(self, block: tf.Tensor) -> tf.Tensor:
-        """`Gc @ block`: `[D, k]` -> `[n, k]`."""
-
-    @abc.abstractmethod
-    def rmatvec(self, block: tf.Tensor) -> tf.Tensor:
-        """`Gc^T @ block`: `[n, k]` -> `[D, k]`."""
-
-    @abc.abstractmethod
-    def gram(self) -> tf.Tensor:
-        """`Gc Gc^T`, `[n, n]`, exactly symmetric."""
 
     @abc.abstractmethod
     def frobenius_squared(self) -> tf.Tensor:
@@ -112,17 +131,6 @@ class CenteredRows(abc.ABC):
         a dense `[n, D]` matrix" (`keras_thermo.linalg.gram.gram_matvec_equivalents`).
         Representations whose Gram matrix is cheap relative to a product override it."""
         return None
-
-    @abc.abstractmethod
-    def __tf_flatten__(self) -> tuple[Hashable, Sequence[tf.Tensor]]:
-        """`(static description, tensors)`; the description must be hashable."""
-
-    @classmethod
-    @abc.abstractmethod
-    def __tf_unflatten__(
-        cls, metadata: Hashable, components: Sequence[tf.Tensor]
-    ) -> "CenteredRows":
-        """Rebuilds the operator from `__tf_flatten__`'s output."""
 
 
 class MatrixRows(CenteredRows):

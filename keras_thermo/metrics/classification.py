@@ -57,15 +57,21 @@ def _check_labels(labels: Any, num_examples: int | None, num_classes: int | None
     return array
 
 
+def _finite_matrix(name: str, value: Any) -> np.ndarray:
+    """`value` as a finite float64 `[n, K]` array with n, K >= 1 (`name` in the errors)."""
+    array = np.asarray(value, dtype=np.float64)
+    if array.ndim != 2 or array.shape[0] < 1 or array.shape[1] < 1:
+        raise ValueError(
+            f"`{name}` must be a 2-D array [n, K] with n >= 1 and K >= 1, got shape {array.shape}."
+        )
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"`{name}` must be finite, got NaN or infinite entries.")
+    return array
+
+
 def _check_probs(probs: Any) -> np.ndarray:
     """Returns `probs` as float64 `[n, K]` after checking shape, range and row sums."""
-    p = np.asarray(probs, dtype=np.float64)
-    if p.ndim != 2 or p.shape[0] < 1 or p.shape[1] < 1:
-        raise ValueError(
-            f"`probs` must be a 2-D array [n, K] with n >= 1 and K >= 1, got shape {p.shape}."
-        )
-    if not np.all(np.isfinite(p)):
-        raise ValueError("`probs` must be finite, got NaN or infinite entries.")
+    p = _finite_matrix("probs", probs)
     if np.any(p < 0.0):
         raise ValueError(f"`probs` must be non-negative, got minimum {float(p.min())!r}.")
     row_sums = p.sum(axis=1)
@@ -264,13 +270,7 @@ def probabilities_from_logits(logits: Any) -> np.ndarray:
 
 
 def _log_probabilities_from_logits(logits: Any) -> np.ndarray:
-    z = np.asarray(logits, dtype=np.float64)
-    if z.ndim != 2 or z.shape[0] < 1 or z.shape[1] < 1:
-        raise ValueError(
-            f"`logits` must be a 2-D array [n, K] with n, K >= 1, got shape {z.shape}."
-        )
-    if not np.all(np.isfinite(z)):
-        raise ValueError("`logits` must be finite, got NaN or infinite entries.")
+    z = _finite_matrix("logits", logits)
     if z.shape[1] == 1:
         z = np.concatenate([np.zeros_like(z), z], axis=1)
     shifted = z - z.max(axis=1, keepdims=True)

@@ -37,11 +37,11 @@ for the Gram ("ghost") form of shared weights.
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
-from keras_thermo.linalg.operators import row_gram
+from keras_thermo.linalg.operators import RowProducts, dimension, row_gram
 
 #: Largest explicit per-example tensor formed at once, in float32 entries (chunks beyond: 64 MiB).
 CHUNK_ENTRIES = 16 * 2**20
@@ -56,15 +56,10 @@ def centered_over_rows(block: tf.Tensor) -> tf.Tensor:
     return block - tf.reduce_mean(block, axis=0, keepdims=True)
 
 
-def static_rows(tensor: tf.Tensor) -> Any:
-    """The leading size of `tensor`: a Python int where static, a scalar int32 tensor otherwise."""
-    static = tensor.shape[0]
-    return static if static is not None else tf.shape(tensor)[0]
-
-
-class ColumnBlock(abc.ABC):
+class ColumnBlock(RowProducts):
     """The per-example gradients of some trainable variables: a column block `G_l` of `G`.
 
+    Its `RowProducts` products are those of `G_l` itself, uncentered (`gram()` is `G_l G_l^T`).
     `sizes` gives each variable's number of scalars, in the block's own variable order; the
     columns are the variables flattened row-major and concatenated in that order.
     """
@@ -74,23 +69,6 @@ class ColumnBlock(abc.ABC):
     @property
     def num_cols(self) -> int:
         return int(sum(self.sizes))
-
-    @property
-    @abc.abstractmethod
-    def num_rows(self) -> Any:
-        """`n`: Python int if static, scalar int32 tensor otherwise."""
-
-    @abc.abstractmethod
-    def matvec(self, block: tf.Tensor) -> tf.Tensor:
-        """`G_l @ block`: `[D_l, k]` -> `[n, k]`."""
-
-    @abc.abstractmethod
-    def rmatvec(self, block: tf.Tensor) -> tf.Tensor:
-        """`G_l^T @ block`: `[n, k]` -> `[D_l, k]`."""
-
-    @abc.abstractmethod
-    def gram(self) -> tf.Tensor:
-        """`G_l G_l^T`, `[n, n]` (uncentered)."""
 
     @abc.abstractmethod
     def centered_column_squares(self) -> tf.Tensor:
@@ -112,14 +90,6 @@ class ColumnBlock(abc.ABC):
     def gram_flops(self, n: float) -> float:
         """Cost of `gram()`, in the flops of `product_flops`."""
 
-    # The custom nest protocol (see keras_thermo.linalg.operators.CenteredRows).
-    @abc.abstractmethod
-    def __tf_flatten__(self) -> tuple[Hashable, Sequence[tf.Tensor]]: ...
-
-    @classmethod
-    @abc.abstractmethod
-    def __tf_unflatten__(cls, metadata: Hashable, components: Sequence[tf.Tensor]) -> "ColumnBlock": ...
-
 
 class ExplicitBlock(ColumnBlock):
     """Explicit per-example gradients `[n, D_l]` of the variables of `sizes` (in that order).
@@ -137,7 +107,7 @@ class ExplicitBlock(ColumnBlock):
 
     @property
     def num_rows(self) -> Any:
-        return static_rows(self._rows)
+        return dimension(self._rows, 0)
 
     def matvec(self, block):
         return tf.matmul(self._rows, block)
@@ -251,7 +221,7 @@ class FactorBlock(ColumnBlock):
 
     @property
     def num_rows(self) -> Any:
-        return static_rows(self._inputs)
+        return dimension(self._inputs, 0)
 
     @property
     def positions(self) -> int:
@@ -457,7 +427,7 @@ class SparseRowsBlock(ColumnBlock):
 
     @property
     def num_rows(self) -> Any:
-        return static_rows(self._rows)
+        return dimension(self._rows, 0)
 
     def _flat(self) -> tf.Tensor:
         return tf.reshape(self._rows, [tf.shape(self._rows)[0], -1])  # [n, U p]

@@ -58,8 +58,17 @@ def centered(g: Any) -> tf.Tensor:
         >>> centered(tf.constant([[1.0, 2.0], [3.0, 6.0]])).numpy().tolist()
         [[-1.0, -2.0], [1.0, 2.0]]
     """
-    g = _check_rows(g, "centered")
-    return g - tf.reduce_mean(g, axis=0, keepdims=True)
+    return centered_over_rows(_check_rows(g, "centered"))
+
+
+def _check_static_count(count: Any, owner: str) -> None:
+    """Refuses a global batch known now (`count` a Python int; a tensor is checked when the graph
+    runs) to hold fewer than the 2 examples a covariance estimate needs."""
+    if isinstance(count, int) and count < 2:
+        raise ValueError(
+            f"{owner}: estimating the gradient-noise covariance needs a (global) batch of at "
+            f"least 2 examples; got n={count}."
+        )
 
 
 def diagonal_covariance(g: Any) -> tf.Tensor:
@@ -154,11 +163,7 @@ class PerExampleGradients:
         self._cross = cross_replica if cross_replica is not None else CrossReplica()
         local = self._rows.shape[0]
         self._static_count = None if local is None else local * self._cross.num_replicas
-        if self._static_count is not None and self._static_count < 2:
-            raise ValueError(
-                "PerExampleGradients: estimating a covariance needs a (global) batch of at "
-                f"least 2 examples (rows); got n={self._static_count}."
-            )
+        _check_static_count(self._static_count, "PerExampleGradients")
         self._mean = None
         self._factor = None
 
@@ -386,12 +391,7 @@ class LayerStatistics:
     """
 
     def __init__(self, rows: LayerRows):
-        count = rows.num_rows
-        if isinstance(count, int) and count < 2:
-            raise ValueError(
-                "LayerStatistics: estimating the gradient-noise covariance needs a global batch of "
-                f"at least 2 examples; got {count}."
-            )
+        _check_static_count(rows.num_rows, "LayerStatistics")
         self._rows = rows
         self._column_squares = None
 

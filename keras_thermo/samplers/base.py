@@ -417,6 +417,14 @@ class Sampler:
         factors = kt_preconditioning.momentum_factors(state.preconditioner, new)
         return self.masses(new), new, factors
 
+    def preconditioned_state(self, state: NamedTuple, force) -> tuple[NamedTuple, Any, Any]:
+        """`(state, mass, preconditioner state)` of `precondition`, with the state's momenta
+        rescaled by its factors to the new masses (for samplers whose `momentum` is `p`)."""
+        mass, preconditioner, factors = self.precondition(state, force)
+        if factors is not None:
+            state = state._replace(momentum=[p * c for p, c in zip(state.momentum, factors)])
+        return state, mass, preconditioner
+
     def parameter_temperature(self, state: NamedTuple, temperature) -> tf.Tensor:
         """The temperature the weights are sampled at when the chain is at `state`: `T` itself,
         except for samplers that temper them (TACT-HMC: `T / lambda(xi)`). A prior's Gibbs
@@ -542,6 +550,13 @@ class ThermostatSampler(Sampler):
 
         momentum, xi = tf.cond(restarted, fresh, lambda: (list(state.momentum), state.xi))
         return state._replace(momentum=momentum, xi=xi), restarted
+
+    def start_step(self, state: NamedTuple, params, force, context: StepContext) -> tuple[NamedTuple, Any, Any, Any]:
+        """`(state, mass, preconditioner state, restarted)`: what every thermostat step starts
+        with, `preconditioned_state` and then `restart_after_warmup` at this step's masses."""
+        state, mass, preconditioner = self.preconditioned_state(state, force)
+        state, restarted = self.restart_after_warmup(state, params, context, mass)
+        return state, mass, preconditioner, restarted
 
     def ou_kwargs(self, context: StepContext, mass=None, *, h) -> dict:
         """Keyword arguments of `integrators.ornstein_uhlenbeck` / `euler_momentum` (`mass`: the

@@ -232,10 +232,7 @@ class CCAdL(ThermostatSampler):
         h = self.step_size_at(state.step)
         num_params = num_scalars(params)
         beta = 1.0 / context.temperature
-        mass, preconditioner, factors = self.precondition(state, force)
-        if factors is not None:
-            state = state._replace(momentum=[p * c for p, c in zip(state.momentum, factors)])
-        state, _ = self.restart_after_warmup(state, params, context, mass)
+        state, mass, preconditioner, _ = self.start_step(state, params, force, context)
 
         average = self._moving_average(state, per_example, params)
         if self.preconditioner is None:

@@ -220,10 +220,7 @@ class MCCAdL(ThermostatSampler):
 
         centered = per_example.covariance_factor()
         rows = per_example.count
-        mass, preconditioner, factors = self.precondition(state, force)
-        if factors is not None:
-            state = state._replace(momentum=[p * c for p, c in zip(state.momentum, factors)])
-        state, restarted = self.restart_after_warmup(state, params, context, mass)
+        state, mass, preconditioner, restarted = self.start_step(state, params, force, context)
         if self.preconditioner is None:
             # The papers' Sigma is the force covariance over the mass, (N^2/n) Gc^T Gc / ((n-1) M),
             # so h (h/2) beta Sigma = tau Gc^T Gc with:

@@ -64,11 +64,10 @@ class SGHMC(Sampler):
     def update(self, state: SGHMCState, params, force, context: StepContext):
         h = self.step_size_at(state.step)
         noise = context.normal(state.step, params, kt_random.STREAM_MOMENTUM)
-        mass, preconditioner, factors = self.precondition(state, force)
-        momentum = state.momentum if factors is None else [p * c for p, c in zip(state.momentum, factors)]
+        state, mass, preconditioner = self.preconditioned_state(state, force)
         friction = self.friction_at(h)
         momentum = integrators.euler_momentum(
-            momentum, force, noise, friction, h,
+            state.momentum, force, noise, friction, h,
             noise_friction=friction, temperature=context.temperature, mass=mass,
         )
         new_params = integrators.drift(params, momentum, h, mass)

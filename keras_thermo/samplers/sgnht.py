@@ -91,10 +91,7 @@ class SGNHT(ThermostatSampler):
 
     def update(self, state: SGNHTState, params, force, context: StepContext):
         h = self.step_size_at(state.step)
-        mass, preconditioner, factors = self.precondition(state, force)
-        if factors is not None:
-            state = state._replace(momentum=[p * c for p, c in zip(state.momentum, factors)])
-        state, restarted = self.restart_after_warmup(state, params, context, mass)
+        state, mass, preconditioner, restarted = self.start_step(state, params, force, context)
         ou_kwargs = self.ou_kwargs(context, mass, h=h)
         thermostat_kwargs = self.thermostat_kwargs(params, context, mass)
         if self.integrator == "euler":
