@@ -120,9 +120,9 @@ class BayesianModel(SamplingStep, kt_chains.ChainWeights, keras.Model):
         >>> x, y = np.random.rand(64, 3), np.random.rand(64, 1)
         >>> history = model.fit(x, y, batch_size=16, epochs=1, verbose=0)
         >>> sorted(k for k in history.history if k != "loss")  # the step's, then the temperature check's
-        ['configurational_temperature', 'equilibrated', 'equilibration_step', 'kinetic_temperature',
-         'mean_configurational_temperature', 'mean_kinetic_temperature', 'output_spread', 'potential',
-         'step_size']
+        ['configurational_temperature', 'curvature', 'equilibrated', 'equilibration_step',
+         'kinetic_temperature', 'mean_configurational_temperature', 'mean_kinetic_temperature',
+         'output_spread', 'potential', 'step_size']
     """
 
     def __init__(

@@ -252,7 +252,7 @@ class SamplingStep:
         if self._curvature_variable is not None:  # measured on chain 0 and its batch, before any update
             first = kt_samplers.StepContext(temperature, self.likelihood_weight, batch_size, potential[0], self.chain_seeds[0], per_example[0])
             kt_samplers.auto_step.choose_step_size(
-                self.sampler, self._chain_state(state, 0), lambda theta: self._force_at(theta, batches[0]), params[0], first, cross,
+                self.sampler, self._chain_state(state, 0), self._force_at, batches[0], params[0], first, cross,
                 step_size_variable=self.sampler._step_size_variable if self.sampler.is_auto_step_size else None,
                 curvature_variable=self._curvature_variable,
             )

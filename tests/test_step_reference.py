@@ -3,8 +3,16 @@
 `tests/data/step_reference.npz` holds, for every sampler, the weights and sampler state after a
 few steps of a one-chain run (and of a two-chain run) on fixed data and seeds. A change to the
 step that is meant to keep its numbers (a refactoring, a faster kernel with the same arithmetic)
-must reproduce them bit for bit; regenerate the file (`python -m tests.test_step_reference`)
+must reproduce them to float32 round-off; regenerate the file (`python -m tests.test_step_reference`)
 only when a change of the numbers is intended, and say why in the commit.
+
+Round-off, not bit identity: the stored numbers are bit-exact only on a processor like the one
+that wrote them. TensorFlow's CPU kernels (oneDNN and Eigen, AVX2 or AVX-512 paths) round the
+same matrix products differently on other processors; on an AMD EPYC with AVX-512 the stored
+file is reproduced to at most 7e-7 of each array's largest magnitude (a few float32 ulps), with
+the integer state exact. The band is `ROUND_OFF = 1e-5` of that magnitude; a change of the
+update itself moves the numbers far more (`test_the_comparison_sees_a_change_of_the_update`).
+Bit-exact resume on one machine is tested where it belongs (`tests/test_model.py`).
 """
 
 from __future__ import annotations
@@ -63,20 +71,36 @@ def test_step_reproduces_the_stored_reference(name, num_chains):
     expected = {k[len(prefix):]: stored[k] for k in stored.files if k.startswith(prefix)}
     if not expected:
         pytest.fail(f"no stored reference for {name} with {num_chains} chains; regenerate {REFERENCE.name}")
-    got = run(name, num_chains)
+    assert_reproduces(run(name, num_chains), expected, f"{name}, {num_chains} chains")
+
+
+#: Relative to each stored array's largest magnitude: float32 round-off of other processors' kernels.
+ROUND_OFF = 1e-5
+
+
+def assert_reproduces(got: dict, expected: dict, what: str) -> None:
+    """Every stored array reproduced: integers exactly, floats within `ROUND_OFF` of the array's
+    largest magnitude (module doc)."""
     assert sorted(got) == sorted(expected)
     for key, value in expected.items():
-        np.testing.assert_array_equal(got[key], value, err_msg=f"{name}, {num_chains} chains: {key}")
+        if value.dtype.kind == "f":
+            scale = float(np.max(np.abs(value))) if value.size else 0.0
+            np.testing.assert_allclose(got[key], value, rtol=0, atol=ROUND_OFF * max(scale, 1e-30),
+                                       err_msg=f"{what}: {key}")
+        else:
+            np.testing.assert_array_equal(got[key], value, err_msg=f"{what}: {key}")
 
 
-def test_the_reference_comparison_sees_a_one_ulp_change():
-    """The comparison is exact: one ulp on one weight is a failure."""
+def test_the_comparison_sees_a_change_of_the_update(monkeypatch):
+    """The band catches a small change of the step: SGLD at a step size 1% larger than the
+    stored run's moves the weights by 1e-3 to 5e-3 of their largest magnitude in 12 steps,
+    100 times `ROUND_OFF`, and fails the comparison."""
     stored = np.load(REFERENCE)
-    key = _key("sgld", 1) + "/chain0_weight0"
-    changed = stored[key].copy()
-    changed.flat[0] = np.nextafter(changed.flat[0], np.float32(np.inf))
+    prefix = _key("sgld", 1) + "/"
+    expected = {k[len(prefix):]: stored[k] for k in stored.files if k.startswith(prefix)}
+    monkeypatch.setitem(SAMPLERS, "sgld", dict(step_size=1.01e-3))
     with pytest.raises(AssertionError):
-        np.testing.assert_array_equal(changed, stored[key])
+        assert_reproduces(run("sgld", 1), expected, "sgld at a 1% larger step")
 
 
 if __name__ == "__main__":
