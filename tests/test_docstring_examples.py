@@ -1,5 +1,5 @@
 """The runnable examples in the docstrings of the prediction, diagnostics, temperature-check,
-schedule and prior modules, of BayesianModel, the sampler base and units, the preconditioners
+block-statistics, schedule and prior modules, of the automatic step size, of BayesianModel, the sampler base and units, the preconditioners
 and the benchmark runner, run and print what they show (doctest)."""
 
 import doctest
@@ -9,6 +9,7 @@ import pytest
 from benchmarks import run
 from keras_thermo import (
     _recording,
+    block_statistics,
     chains,
     diagnostics,
     equilibration,
@@ -20,13 +21,13 @@ from keras_thermo import (
     schedules,
 )
 from keras_thermo.metrics import classification, mixture
-from keras_thermo.samplers import base, preconditioning, units
+from keras_thermo.samplers import auto_step, base, preconditioning, units
 
 
 @pytest.mark.parametrize(
     "module",
     [classification, mixture, diagnostics, posterior, posterior_average, _recording, schedules, priors,
-     preconditioning, chains, random, run, equilibration, model, base, units],
+     preconditioning, chains, random, run, equilibration, block_statistics, model, base, auto_step, units],
     ids=lambda m: m.__name__,
 )
 def test_docstring_examples_run(module):

@@ -70,7 +70,7 @@ def assert_posterior_variance(ratios: np.ndarray, resolution: float):
 
 def test_warmup_default_is_documented_and_kept_in_the_config():
     sampler = kt.samplers.SGNHT(STEP)
-    assert sampler.warmup_steps == kt.samplers.base.DEFAULT_WARMUP_STEPS == 1000
+    assert sampler.warmup_steps == kt.samplers.thermostat.DEFAULT_WARMUP_STEPS == 1000
     assert kt.samplers.SGNHT.from_config(kt.samplers.SGNHT(STEP, warmup_steps=7).get_config()).warmup_steps == 7
     with pytest.raises(ValueError, match="warmup_steps.*>= 0.*-1"):
         MCCAdL(STEP, warmup_steps=-1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import keras
 
-from keras_thermo.samplers import auto_step, preconditioning
+from keras_thermo.samplers import auto_step, preconditioning, thermostat
 from keras_thermo.samplers.base import Sampler, StepContext
 from keras_thermo.samplers.preconditioning import Preconditioner
 from keras_thermo.samplers.ccadl import CCAdL

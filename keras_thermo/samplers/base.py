@@ -16,7 +16,7 @@ import keras
 import tensorflow as tf
 
 from keras_thermo import random as kt_random
-from keras_thermo._validation import check_int, check_optional_positive, check_positive
+from keras_thermo._validation import check_positive
 from keras_thermo.samplers import auto_step, integrators
 from keras_thermo.samplers import preconditioning as kt_preconditioning
 from keras_thermo.samplers import units
@@ -457,130 +457,6 @@ class Sampler:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
         return f"{type(self).__name__}({args})"
-
-
-#: Default `warmup_steps` of the thermostat samplers (`ThermostatSampler`).
-DEFAULT_WARMUP_STEPS = 1000
-
-
-class ThermostatSampler(Sampler):
-    """Shared parts of the samplers with momentum `p`, friction A and a thermostat `xi`
-    (SGNHT, CCAdL, mCCAdL): argument checks, `p_0 ~ N(0, T M)`, `xi_0 = A` (float64, see
-    `integrators`), the warm-up restart, and the keyword bundles of the O and D steps.
-
-    Warm-up. From a start far from the posterior (e.g. Keras' default initialisation) the first
-    steps turn the excess potential energy into momentum, and the thermostat absorbs it by
-    driving xi far above its stationary value (tens, for a potential excess of 1e4 T). Afterwards
-    xi can only fall by about `h T` per step while the chain runs cold (kinetic temperature about
-    `A T / xi`), so a chain stays cold for tens of thousands of steps. The thermostat is what
-    dissipates the excess fastest, so the warm-up keeps it, and then restarts the papers'
-    algorithm from the weights it reached: at the step whose state has counter `warmup_steps`,
-    `xi <- A` and `p <- N(0, T M)` (fresh draws, keyed by that step), exactly the papers'
-    initial condition. Every later step is the papers' update, so the chain from then on is the
-    papers' time-homogeneous Markov chain started at the warmed-up weights, and has their
-    invariant distribution. The restart is a pure function of the state (its step counter), so
-    resuming stays exact. `warmup_steps=0` is the papers' algorithm from the first step.
-    """
-
-    #: Its thermostats absorb gradient noise assuming independent minibatches (`BayesianModel`
-    #: notes when a data pipeline's own batch order is used).
-    assumes_white_gradient_noise = True
-
-    friction = FloatSetting(check_optional_positive, optional=True)
-    thermal_mass = FloatSetting(check_optional_positive, optional=True, dtype=integrators.THERMOSTAT_DTYPE)
-
-    def __init__(
-        self, step_size=auto_step.AUTO, friction: float | None = None, thermal_mass: float | None = None, mass: float = 1.0,
-        preconditioner=None, warmup_steps: int = DEFAULT_WARMUP_STEPS,
-    ):
-        super().__init__(step_size, preconditioner=preconditioner)
-        self.friction = friction
-        self.thermal_mass = thermal_mass
-        self.mass = check_positive("mass", mass)
-        self.warmup_steps = check_int("warmup_steps", warmup_steps, low=0)
-
-    def initial_momentum_and_xi(self, params, *, temperature: float, seed: int):
-        """`p_0 ~ N(0, T M)` and `xi_0 = A`. With the automatic step size and friction, A is
-        not known before the first step: xi starts at 0 and the first step restarts the chain
-        with `xi = A` (`restart_after_warmup`)."""
-        momentum = sample_momentum(params, seed=seed, temperature=temperature, mass=self.mass)
-        if self._restarts_at_first_step:
-            xi = 0.0
-        else:
-            xi = self.friction_at(self.step_size_at(tf.constant(0, tf.int64)))
-        return momentum, tf.cast(xi, integrators.THERMOSTAT_DTYPE)
-
-    @property
-    def _restarts_at_first_step(self) -> bool:
-        return self.is_auto_step_size and vars(self).get("friction") is None  # as constructed
-
-    def steps_since_start(self, step: tf.Tensor) -> tf.Tensor:
-        """The papers' step counter of the step whose state has counter `step`: `step`, and from
-        the restart after the warm-up on `step - warmup_steps` (0 at the restart), so that
-        every running estimate of the papers' algorithm (CCAdL's `I_t`) starts afresh there."""
-        if self.warmup_steps == 0:
-            return step
-        return tf.where(step >= self.warmup_steps, step - self.warmup_steps, step)
-
-    def restart_xi(self, state: NamedTuple, params, context: StepContext, mass) -> tf.Tensor:
-        """xi of the restart after the warm-up (float64): A, the papers' `xi_0`, which is also
-        the stationary value of the samplers whose covariance friction removes the gradient
-        noise's heat (CCAdL, mCCAdL; CCAdL's only with its covariance estimate restarted too,
-        `steps_since_start`)."""
-        del params, context, mass
-        return tf.cast(self.friction_at(self.step_size_at(state.step)), integrators.THERMOSTAT_DTYPE)
-
-    def restart_after_warmup(self, state: NamedTuple, params, context: StepContext, mass) -> tuple[NamedTuple, Any]:
-        """`(state, restarted)`: at the step whose state has counter `warmup_steps`, the state
-        with `xi = A` and fresh momenta `p ~ N(0, T M)` (`mass`: this step's masses, from
-        `precondition`), and True; at every other step the state unchanged (class doc). With
-        the automatic step size and friction the first step restarts too, once A is known."""
-        if self.warmup_steps == 0 and not self._restarts_at_first_step:
-            return state, tf.constant(False)
-        restarted = tf.equal(state.step, self.warmup_steps)
-        if self._restarts_at_first_step:
-            restarted = tf.logical_or(restarted, tf.equal(state.step, 0))
-
-        def fresh():
-            noise = context.normal(state.step, params, kt_random.STREAM_INIT)
-            masses = integrators.per_tensor(mass, len(noise))
-            temperature = tf.cast(context.temperature, tf.float32)
-            momentum = [tf.sqrt(temperature * m) * r for r, m in zip(noise, masses)]
-            return momentum, self.restart_xi(state, params, context, mass)
-
-        momentum, xi = tf.cond(restarted, fresh, lambda: (list(state.momentum), state.xi))
-        return state._replace(momentum=momentum, xi=xi), restarted
-
-    def start_step(self, state: NamedTuple, params, force, context: StepContext) -> tuple[NamedTuple, Any, Any, Any]:
-        """`(state, mass, preconditioner state, restarted)`: what every thermostat step starts
-        with, `preconditioned_state` and then `restart_after_warmup` at this step's masses."""
-        state, mass, preconditioner = self.preconditioned_state(state, force)
-        state, restarted = self.restart_after_warmup(state, params, context, mass)
-        return state, mass, preconditioner, restarted
-
-    def ou_kwargs(self, context: StepContext, mass=None, *, h) -> dict:
-        """Keyword arguments of `integrators.ornstein_uhlenbeck` / `euler_momentum` (`mass`: the
-        step's masses from `precondition`; default the scalar `mass`; `h`: the step size)."""
-        return {"noise_friction": self.friction_at(h), "temperature": context.temperature, "mass": self.mass if mass is None else mass}
-
-    def thermostat_kwargs(self, params, context: StepContext, mass=None) -> dict:
-        """Keyword arguments of `integrators.thermostat` (thermal mass defaults to Nd)."""
-        num_params = num_scalars(params)
-        return {
-            "thermal_mass": self.read_setting("thermal_mass", default=float(num_params)),
-            "num_params": num_params,
-            "temperature": context.temperature,
-            "mass": self.mass if mass is None else mass,
-        }
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "friction": self.friction,
-            "thermal_mass": self.thermal_mass,
-            "mass": self.mass,
-            "warmup_steps": self.warmup_steps,
-        }
 
 
 def require_per_example_gradients(context: StepContext, sampler_name: str):

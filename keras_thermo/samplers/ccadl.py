@@ -39,14 +39,8 @@ from keras_thermo import _tree
 from keras_thermo import random as kt_random
 from keras_thermo._validation import check_choice, check_int
 from keras_thermo.samplers import auto_step, integrators
-from keras_thermo.samplers.base import (
-    DEFAULT_WARMUP_STEPS,
-    StepContext,
-    ThermostatSampler,
-    force_noise_scale,
-    num_scalars,
-    require_per_example_gradients,
-)
+from keras_thermo.samplers.base import StepContext, force_noise_scale, num_scalars, require_per_example_gradients
+from keras_thermo.samplers.thermostat import DEFAULT_WARMUP_STEPS, ThermostatSampler
 
 #: Default largest Nd for `covariance="full"`: the [Nd, Nd] float64 moving average then takes
 #: 32 MB and its update costs ~4e6 multiply-adds per step.

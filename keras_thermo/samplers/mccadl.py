@@ -35,14 +35,8 @@ from keras_thermo import linalg as kt_linalg
 from keras_thermo.linalg.operators import CenteredRows, symmetrized
 from keras_thermo._validation import check_choice
 from keras_thermo.samplers import auto_step, integrators
-from keras_thermo.samplers.base import (
-    DEFAULT_WARMUP_STEPS,
-    StepContext,
-    ThermostatSampler,
-    force_noise_scale,
-    num_scalars,
-    require_per_example_gradients,
-)
+from keras_thermo.samplers.base import StepContext, force_noise_scale, num_scalars, require_per_example_gradients
+from keras_thermo.samplers.thermostat import DEFAULT_WARMUP_STEPS, ThermostatSampler
 
 
 class MCCAdLState(NamedTuple):

@@ -12,7 +12,7 @@ import keras
 import tensorflow as tf
 
 from keras_thermo import random as kt_random
-from keras_thermo.samplers import auto_step, integrators
+from keras_thermo.samplers import integrators
 from keras_thermo.samplers.base import Sampler, StepContext, num_scalars
 
 

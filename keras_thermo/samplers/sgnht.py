@@ -20,7 +20,8 @@ import tensorflow as tf
 from keras_thermo import random as kt_random
 from keras_thermo._validation import check_choice
 from keras_thermo.samplers import auto_step, integrators
-from keras_thermo.samplers.base import DEFAULT_WARMUP_STEPS, StepContext, ThermostatSampler
+from keras_thermo.samplers.base import StepContext
+from keras_thermo.samplers.thermostat import DEFAULT_WARMUP_STEPS, ThermostatSampler
 
 
 class SGNHTState(NamedTuple):
