@@ -85,14 +85,6 @@ class TemperatureRecorder:
         return sums, weight, steps
 
 
-def variable_configurational_temperatures(params, force) -> list[tf.Tensor]:
-    """`-theta_v . F_v / n_v` per variable (float64), with the step's force `F = -grad U`."""
-    return [
-        -tf.reduce_sum(tf.cast(theta, tf.float64) * tf.cast(f, tf.float64)) / float(np.prod(theta.shape))
-        for theta, f in zip(params, force)
-    ]
-
-
 # --- the callback ---------------------------------------------------------------------------
 
 

@@ -20,10 +20,10 @@ import numpy as np
 import tensorflow as tf
 
 from keras_thermo import chains as kt_chains
-from keras_thermo import equilibration as kt_equilibration
 from keras_thermo import per_example as kt_per_example
 from keras_thermo import samplers as kt_samplers
 from keras_thermo._distribute import CrossReplica, replica_local_variable
+from keras_thermo.temperatures import configurational_temperature, variable_configurational_temperatures
 
 
 class SamplerDivergedError(FloatingPointError):
@@ -100,20 +100,6 @@ class _Runtime:
         self.collapsed_at: int | None = None
         # `(value, step)`: the last finite `step_size_limit` a fit logged (CCAdL), else None.
         self.last_step_size_limit = None
-
-
-def configurational_temperature(params, force) -> tf.Tensor:
-    """`-theta . F / Nd` with the step's own force: averages T at equilibrium for any sampler
-    (integration by parts of `theta . grad U` against `exp(-U/T)`), unlike the kinetic temperature,
-    which a thermostat holds at T by construction. One step's value is noisy (minibatch force);
-    its running average is the check.
-
-    The terms cancel (the value crosses zero while they reach `|theta . F| / Nd`), so they are
-    summed in float64; each product is rounded to float32 first (an error of at most `2^-24`
-    of `sum |theta_i F_i|`, far below one step's minibatch noise), which halves the cost of
-    casting both factors (`python -m benchmarks.lab.step_pieces`)."""
-    total = tf.add_n([tf.reduce_sum(tf.cast(theta * tf.cast(f, theta.dtype), tf.float64)) for theta, f in zip(params, force)])
-    return tf.cast(-total / float(kt_samplers.base.num_scalars(params)), tf.float32)
 
 
 def all_finite(tensors) -> tf.Tensor:
@@ -252,7 +238,7 @@ class SamplingStep:
         if self._curvature_variable is not None:  # measured on chain 0 and its batch, before any update
             first = kt_samplers.StepContext(temperature, self.likelihood_weight, batch_size, potential[0], self.chain_seeds[0], per_example[0])
             kt_samplers.auto_step.choose_step_size(
-                self.sampler, self._chain_state(state, 0), self._force_at, batches[0], params[0], first, cross,
+                self.sampler, self._chain_state(state, 0), lambda theta: self._force_at(theta, batches[0]), params[0], first, cross,
                 step_size_variable=self.sampler._step_size_variable if self.sampler.is_auto_step_size else None,
                 curvature_variable=self._curvature_variable,
             )
@@ -530,7 +516,7 @@ class SamplingStep:
         """`(kinetic [V], configurational [V])` of a completed step: per-variable temperatures
         for the `EquilibrationCheck` callbacks that judge each variable."""
         kinetic = self.sampler.variable_kinetic_temperatures(new_state, params, new_params)
-        configurational = kt_equilibration.variable_configurational_temperatures(params, force)
+        configurational = variable_configurational_temperatures(params, force)
         return tf.cast(tf.stack(kinetic), tf.float64), tf.cast(tf.stack(configurational), tf.float64)
 
     def _raise_if_diverged(self) -> None:

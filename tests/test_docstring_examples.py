@@ -19,6 +19,7 @@ from keras_thermo import (
     priors,
     random,
     schedules,
+    temperatures,
 )
 from keras_thermo.metrics import classification, mixture
 from keras_thermo.samplers import auto_step, base, preconditioning, units
@@ -27,7 +28,7 @@ from keras_thermo.samplers import auto_step, base, preconditioning, units
 @pytest.mark.parametrize(
     "module",
     [classification, mixture, diagnostics, posterior, posterior_average, _recording, schedules, priors,
-     preconditioning, chains, random, run, equilibration, block_statistics, model, base, auto_step, units],
+     preconditioning, chains, random, run, equilibration, block_statistics, temperatures, model, base, auto_step, units],
     ids=lambda m: m.__name__,
 )
 def test_docstring_examples_run(module):

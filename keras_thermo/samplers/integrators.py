@@ -29,6 +29,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from keras_thermo.random import STREAM_MOMENTUM, STREAM_MOMENTUM_2
+from keras_thermo.temperatures import kinetic_temperature, twice_kinetic_energy  # noqa: F401 (the samplers' names)
 
 Tensors = list[tf.Tensor]
 
@@ -117,18 +118,6 @@ def euler_momentum(
     friction = h * as_float32(xi)
     stds = [tf.sqrt(2.0 * noise_friction * temperature * h * m) for m in per_tensor(mass, len(momentum))]
     return [p + h * f - friction * p + std * r for p, f, r, std in zip(momentum, force, noise, stds)]
-
-
-def twice_kinetic_energy(momentum: Sequence[tf.Tensor], mass) -> tf.Tensor:
-    """`p.M^-1.p` as a float32 scalar."""
-    if isinstance(mass, (list, tuple)):
-        return tf.add_n([tf.reduce_sum(tf.square(tf.cast(p, tf.float32)) / m) for p, m in zip(momentum, mass)])
-    return tf.add_n([tf.reduce_sum(tf.square(tf.cast(p, tf.float32))) for p in momentum]) / mass
-
-
-def kinetic_temperature(momentum: Sequence[tf.Tensor], mass, num_params: int) -> tf.Tensor:
-    """`p.M^-1.p / Nd`, which averages T at equilibrium."""
-    return twice_kinetic_energy(momentum, mass) / float(num_params)
 
 
 def thermostat(
