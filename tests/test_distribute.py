@@ -123,8 +123,9 @@ def test_mirrored_run_equals_single_device_run(name):
     # The largest curvature (a given step size is only checked against it) is the sum of the
     # replicas' shares' curvatures (`samplers.auto_step.choose_step_size`): the same quantity
     # estimated from halves of the batch, not the single device's number.
-    ratio = float(distributed._curvature_variable.numpy()) / float(single._curvature_variable.numpy())
-    assert 0.5 < ratio < 2.0
+    if single._curvature_variable is not None:  # a step-size schedule is not measured
+        ratio = float(distributed._curvature_variable.numpy()) / float(single._curvature_variable.numpy())
+        assert 0.5 < ratio < 2.0
     assert set(distributed_history.logs[0]) == set(single_history.logs[0])
     for key in single_history.logs[0]:
         if key in ("output_spread", "curvature"):  # each replica's share has its own range; above
