@@ -454,18 +454,42 @@ class EquilibrationCheck(keras.callbacks.Callback):
         }
 
 
+def furthest_miss(report: dict[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
+    """`(where, kind, figure)` of the out-of-band comparison furthest from T (`where`: "the
+    whole net" or a variable's name), or None when no comparison is out of band."""
+    entries = [("the whole net", report["overall"])] + [(repr(v["name"]), v) for v in report.get("variables", [])]
+    misses = [
+        (abs(entry[kind]["mean"] - report["temperature"]), where, kind, entry[kind])
+        for where, entry in entries for kind in KINDS if entry[kind]["in_band"] is False
+    ]
+    if not misses:
+        return None
+    _, where, kind, figure = max(misses, key=lambda miss: miss[0])
+    return where, kind, figure
+
+
 def cause(report: dict[str, Any]) -> str:
-    """Why a run that `report` finds out of band is off T, from its whole-net configurational
-    temperature: cold (still descending, or a thermostat holding the start's energy) or hot (a
+    """Why a run that `report` finds out of band is off T, from the comparison furthest out of
+    band (the whole net's or one variable's; without one, the whole net's configurational
+    temperature): cold (still descending, or a thermostat holding the start's energy) or hot (a
     step too long for the curvature or the gradient noise), and what to change."""
-    if report["overall"][KINDS[CONFIGURATIONAL]]["mean"] < report["temperature"]:
+    temperature = report["temperature"]
+    miss = furthest_miss(report)
+    if miss is None:
+        where, figure, mean = "", None, report["overall"][KINDS[CONFIGURATIONAL]]["mean"]
+    else:
+        where, kind, figure = miss
+        mean = figure["mean"]
+        where = (f" (furthest off: the {kind} temperature of {where}, {mean:.3g} +- "
+                 f"{figure['standard_error']:.2g} for T = {temperature:g})")
+    if mean < temperature:
         return (
-            "The chain runs cold: it is still descending from its start, or a thermostat "
+            f"The chain runs cold{where}: it is still descending from its start, or a thermostat "
             "soaked up the start's energy and has not given it back. Run longer, or give the "
             "sampler a longer warm-up (warmup_steps)."
         )
     return (
-        "The chain runs hot, a sign that the step is too long for the curvature or the "
+        f"The chain runs hot{where}, a sign that the step is too long for the curvature or the "
         "gradient noise: reduce step_size, increase friction, or use a sampler that "
         "corrects for gradient noise (CCAdL, mCCAdL)."
     )

@@ -189,7 +189,26 @@ def test_summary_says_in_one_line_whether_the_run_is_at_t_and_why_not():
     unresolved["overall"]["configurational"]["in_band"] = None
     assert "configurational 0.08 +- 0.002 unresolved" in equilibration.summary(unresolved)
     # The warning gives the same cause as the line.
-    assert equilibration.cause(_report(False, 0.041, 0.0006)) in cold
+    assert equilibration.cause(_report(False, 0.041, 0.0006, in_band=False)) in cold
+
+
+def test_the_cause_follows_the_comparison_furthest_out_of_band():
+    """A run whose whole net is in band but one of whose variables runs hot is called hot and
+    names that variable, even when the whole net's configurational mean is a hair below T (the
+    digits CCAdL run of `benchmarks/results/digits_defaults/` was called cold so)."""
+    report = _report(False, 0.1, 0.0999)
+    report["variables"] = [
+        {"name": "net/logits/kernel", "size": 500,
+         "kinetic": {"mean": 0.1055, "standard_error": 0.001, "in_band": False},
+         "configurational": {"mean": 0.1022, "standard_error": 0.0012, "in_band": True}},
+        {"name": "net/hidden/kernel", "size": 3200,
+         "kinetic": {"mean": 0.0962, "standard_error": 0.0003, "in_band": False},
+         "configurational": {"mean": 0.0994, "standard_error": 0.0007, "in_band": True}},
+    ]
+    text = equilibration.cause(report)
+    assert text.startswith("The chain runs hot (furthest off: the kinetic temperature of 'net/logits/kernel', 0.105")
+    report["variables"][1]["kinetic"]["mean"] = 0.09  # now the hidden kernel is further off, cold
+    assert equilibration.cause(report).startswith("The chain runs cold (furthest off: the kinetic temperature of 'net/hidden/kernel', 0.09 ")
 
 
 def test_the_same_run_checked_at_the_wrong_temperature_is_flagged_and_warned():
