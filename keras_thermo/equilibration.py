@@ -419,15 +419,10 @@ class EquilibrationCheck(keras.callbacks.Callback):
 
     def _describe_failures(self, report: dict[str, Any]) -> str:
         temperature = report["temperature"]
-        lines = []
-        for label, entry in [("the whole net", report["overall"])] + [(repr(v["name"]), v) for v in report["variables"]]:
-            for kind in KINDS:
-                figure = entry[kind]
-                if figure["in_band"] is False:
-                    lines.append(
-                        f"{kind} temperature of {label}: {figure['mean']:.4g} +- {figure['standard_error']:.2g} "
-                        f"(T = {temperature:g})"
-                    )
+        lines = [
+            f"{kind} temperature of {where}: {figure['mean']:.4g} +- {figure['standard_error']:.2g} (T = {temperature:g})"
+            for where, kind, figure in misses(report)
+        ]
         return (
             "The run is not sampling at its temperature: its samples do not follow the posterior "
             f"it was asked for. After step {report['equilibration_step']} ({report['num_blocks']} "
@@ -454,18 +449,16 @@ class EquilibrationCheck(keras.callbacks.Callback):
         }
 
 
-def furthest_miss(report: dict[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
-    """`(where, kind, figure)` of the out-of-band comparison furthest from T (`where`: "the
-    whole net" or a variable's name), or None when no comparison is out of band."""
+def misses(report: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """`(where, kind, figure)` of every comparison `report` finds out of band, the whole net's
+    first (`where`: "the whole net" or a variable's quoted name)."""
     entries = [("the whole net", report["overall"])] + [(repr(v["name"]), v) for v in report.get("variables", [])]
-    misses = [
-        (abs(entry[kind]["mean"] - report["temperature"]), where, kind, entry[kind])
-        for where, entry in entries for kind in KINDS if entry[kind]["in_band"] is False
-    ]
-    if not misses:
-        return None
-    _, where, kind, figure = max(misses, key=lambda miss: miss[0])
-    return where, kind, figure
+    return [(where, kind, entry[kind]) for where, entry in entries for kind in KINDS if entry[kind]["in_band"] is False]
+
+
+def furthest_miss(report: dict[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
+    """The entry of `misses` furthest from T, or None when no comparison is out of band."""
+    return max(misses(report), key=lambda miss: abs(miss[2]["mean"] - report["temperature"]), default=None)
 
 
 def cause(report: dict[str, Any]) -> str:

@@ -122,7 +122,8 @@ def test_mirrored_run_equals_single_device_run(name):
         )
     # The largest curvature (a given step size is only checked against it) is the sum of the
     # replicas' shares' curvatures (`samplers.auto_step.choose_step_size`): the same quantity
-    # estimated from halves of the batch, not the single device's number.
+    # estimated from halves of the batch, not the single device's number. The factor 2 is a
+    # sanity bound on a different estimator, not a Monte Carlo tolerance (measured: 1.25).
     if single._curvature_variable is not None:  # a step-size schedule is not measured
         ratio = float(distributed._curvature_variable.numpy()) / float(single._curvature_variable.numpy())
         assert 0.5 < ratio < 2.0
