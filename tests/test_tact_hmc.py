@@ -226,6 +226,25 @@ def test_config_round_trip_and_serialization():
     assert float(again.xi_step_size_at(tf.constant(100))) == pytest.approx(5e-4)
 
 
+def test_a_given_xi_step_size_with_the_automatic_step_size():
+    """`TACTHMC(xi_step_size=...)` keeps the automatic theta step (the default) and uses its own
+    xi step as given; it used to fail at build, asking for a float `step_size`."""
+    x, y = testing.linear_regression_data(64, 2, seed=0)
+    model = kt.BayesianModel(testing.linear_regression_net(2), TACTHMC(xi_step_size=1e-7), num_examples=64,
+                             prior=kt.priors.Gaussian(1.0), seed=4)
+    model.compile(loss="mse", steps_per_execution=8)
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0)
+    state = model.sampler_state()
+    assert float(state.xi_momentum_step_size) == pytest.approx(1e-7)
+    assert model.sampler.is_auto_step_size and float(state.momentum_step_size) != pytest.approx(1e-7)
+    # Without it, xi follows the measured step size.
+    follows = kt.BayesianModel(testing.linear_regression_net(2), TACTHMC(), num_examples=64,
+                               prior=kt.priors.Gaussian(1.0), seed=4)
+    follows.compile(loss="mse", steps_per_execution=8)
+    follows.fit(x, y, batch_size=16, epochs=2, verbose=0)
+    assert float(follows.sampler_state().xi_momentum_step_size) == float(follows.sampler_state().momentum_step_size)
+
+
 @pytest.mark.parametrize(
     "overrides, error, fragment",
     [

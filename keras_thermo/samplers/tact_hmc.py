@@ -311,7 +311,12 @@ class TACTHMC(Sampler):
 
     def xi_step_size_at(self, step: tf.Tensor) -> tf.Tensor:
         """eta_xi at `step` (follows `step_size` when `xi_step_size` is None)."""
-        return tf.cast(self.read_setting("xi_step_size", default=self.step_size_at(step)), tf.float32)
+        value = self.read_setting("xi_step_size")  # its variable once bound (0 stands for None)
+        if value is None:
+            return tf.cast(self.step_size_at(step), tf.float32)
+        if isinstance(value, tf.Tensor):
+            return tf.where(value > 0, value, tf.cast(self.step_size_at(step), value.dtype))
+        return tf.constant(value, tf.float32)  # a float: the automatic step may not be measured yet
 
     def _friction(self, momentum: tf.Tensor, rate: tf.Tensor) -> tf.Tensor:
         """Friction sub-step `dr/dt = -rate r` over one step."""
