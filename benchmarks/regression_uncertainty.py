@@ -15,15 +15,17 @@ Two data sets, both available offline:
 One protocol for every data set and method (no constant is tuned per data set or sampler):
 
 - The net: `d -> 50 relu -> 2` (a mean and a raw noise scale, `kt.losses.GaussianNLL()`),
-  the prior `kt.priors.Gaussian(1.0)` on every weight.
+  the prior `kt.priors.FanInGaussian()` (`--prior`: kernels `N(0, 1 / fan_in)`, biases
+  `N(0, 1)`; a number s gives `kt.priors.Gaussian(s)` on every weight).
 - MAP: full-batch Adam (learning rate 1e-2, `--map-steps` steps) on `U / N`, the same
   posterior's negative log density per example. Deep ensemble: 5 MAP nets from different
   initialisations, their Gaussians mixed with equal weights.
-- Samplers (`SGNHT`, `CCAdL`, `mCCAdL`, `SGHMC`): step size `--step-size`, friction 1 (the
-  library defaults otherwise: the thermostats' warm-up of 1000 steps, CCAdL's diagonal noise
-  covariance), minibatches of 32 drawn with replacement, started from Keras' initialisation of
-  the net (`--start map`: from the first MAP net), `--steps` steps of which the first `--burn-in` are discarded, a sample every
-  `--every` steps.
+- Samplers (`SGNHT`, `CCAdL`, `mCCAdL`, `SGHMC`): the library's defaults (`--step-size auto`:
+  the automatic step size and the friction that follows it, the thermostats' warm-up, CCAdL's
+  diagonal noise covariance; a number gives that step with friction 1), minibatches of 32
+  drawn with replacement, started from Keras' initialisation of the net (`--start map`: from
+  the first MAP net), `--steps` steps of which the first `--burn-in` are discarded, a sample
+  every `--every` steps. Each run records the default temperature check's verdict.
 - OLS: least squares with an intercept; its predictive is the Gaussian
   `N(x b, s^2 (1 + x (X^T X)^-1 x^T))`, `s^2` the residual variance with `n - p` degrees of
   freedom.
@@ -56,12 +58,11 @@ import tensorflow as tf  # noqa: E402
 import keras_thermo as kt  # noqa: E402
 
 SAMPLERS = {
-    "sgnht": lambda h: kt.samplers.SGNHT(h, friction=1.0),
-    "ccadl": lambda h: kt.samplers.CCAdL(h, friction=1.0),
-    "mccadl": lambda h: kt.samplers.MCCAdL(h, friction=1.0),
-    "sghmc": lambda h: kt.samplers.SGHMC(h, friction=1.0),
+    "sgnht": kt.samplers.SGNHT,
+    "ccadl": kt.samplers.CCAdL,
+    "mccadl": kt.samplers.MCCAdL,
+    "sghmc": kt.samplers.SGHMC,
 }
-PRIOR_STD = 1.0
 HIDDEN = 50
 BATCH_SIZE = 32
 ENSEMBLE_SIZE = 5
@@ -75,6 +76,19 @@ COVERAGE_BAND = (0.85, 0.95)
 GAP_RATIO = 2.0
 
 
+def make_sampler(name: str, step_size: str):
+    """The library's defaults (automatic step, friction that follows it) for `"auto"`, else the
+    given step with friction 1."""
+    if step_size == "auto":
+        return SAMPLERS[name]()
+    return SAMPLERS[name](float(step_size), friction=1.0)
+
+
+def make_prior(prior: str) -> kt.priors.Prior:
+    """`"fan_in"`: `kt.priors.FanInGaussian()`; a number s: `kt.priors.Gaussian(s)`."""
+    return kt.priors.FanInGaussian() if prior == "fan_in" else kt.priors.Gaussian(float(prior))
+
+
 def _net(num_features: int) -> keras.Model:
     return keras.Sequential(
         [keras.Input((num_features,)), keras.layers.Dense(HIDDEN, activation="relu"), keras.layers.Dense(2)]
@@ -85,7 +99,7 @@ def _vector(net: keras.Model) -> np.ndarray:
     return np.concatenate([v.numpy().ravel() for v in net.trainable_variables]).astype(np.float32)
 
 
-def fit_map(x: np.ndarray, y: np.ndarray, seed: int, steps: int) -> keras.Model:
+def fit_map(x: np.ndarray, y: np.ndarray, seed: int, steps: int, prior: kt.priors.Prior) -> keras.Model:
     """The MAP net: full-batch Adam on the posterior's negative log density per example."""
     keras.utils.set_random_seed(seed)
     net = _net(x.shape[1])
@@ -96,8 +110,7 @@ def fit_map(x: np.ndarray, y: np.ndarray, seed: int, steps: int) -> keras.Model:
     @tf.function
     def step():
         with tf.GradientTape() as tape:
-            prior = tf.add_n([tf.reduce_sum(tf.square(v)) for v in net.trainable_variables]) / (2 * PRIOR_STD**2)
-            objective = loss(y_t, net(x_t, training=True)) + prior / n
+            objective = loss(y_t, net(x_t, training=True)) + prior(net.trainable_variables) / n
         variables = net.trainable_variables
         optimizer.apply_gradients(zip(tape.gradient(objective, variables), variables))
 
@@ -112,8 +125,8 @@ def run_sampler(name, x, y, start: keras.Model, args, seed: int) -> tuple[keras.
     net = _net(x.shape[1])
     if args.start == "map":
         net.set_weights(start.get_weights())
-    model = kt.BayesianModel(net, SAMPLERS[name](args.step_size), num_examples=x.shape[0],
-                             prior=kt.priors.Gaussian(PRIOR_STD), seed=seed)
+    model = kt.BayesianModel(net, make_sampler(name, args.step_size), num_examples=x.shape[0],
+                             prior=make_prior(args.prior), seed=seed)
     model.compile(loss=kt.losses.GaussianNLL(), steps_per_execution=50)
     collector = kt.callbacks.SampleCollector(burn_in_steps=args.burn_in, every_n_steps=args.every)
     steps_per_epoch = math.ceil(x.shape[0] / BATCH_SIZE)
@@ -123,9 +136,13 @@ def run_sampler(name, x, y, start: keras.Model, args, seed: int) -> tuple[keras.
     try:
         history = model.fit(x, y, batch_size=BATCH_SIZE, epochs=epochs, callbacks=[collector], verbose=0)
         info["diverged"] = False
-        for key in ("kinetic_temperature", "configurational_temperature", "xi"):
+        for key in ("kinetic_temperature", "configurational_temperature", "xi", "step_size"):
             if key in history.history:
                 info[f"final_{key}"] = float(history.history[key][-1])
+        # The default temperature check's verdict on the run (1 at T, 0 not, NaN no verdict).
+        for key in ("equilibrated", "mean_kinetic_temperature", "mean_configurational_temperature"):
+            if key in history.history:
+                info[key] = float(history.history[key][-1])
     except kt.SamplerDivergedError as error:
         info["diverged"] = True
         info["error"] = str(error).splitlines()[0]
@@ -172,7 +189,7 @@ def evaluate_methods(x_train, y_train, x_eval_sets, args, seed: int, samplers) -
     results = {"ols": {"predictions": {k: ols_prediction(xs, y_train, standardize(v)) for k, v in x_eval_sets.items()},
                        "info": {}}}
     start = time.perf_counter()
-    maps = [fit_map(xs, ys, seed * 100 + member, args.map_steps) for member in range(ENSEMBLE_SIZE)]
+    maps = [fit_map(xs, ys, seed * 100 + member, args.map_steps, make_prior(args.prior)) for member in range(ENSEMBLE_SIZE)]
     map_seconds = time.perf_counter() - start
     vectors = np.stack([_vector(net) for net in maps])
     results["map"] = {
@@ -351,10 +368,12 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="benchmarks/results/regression_uncertainty")
     parser.add_argument("--splits", type=int, default=5)
     parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=list(SAMPLERS))
-    parser.add_argument("--step-size", type=float, default=1e-3)
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--burn-in", type=int, default=1200)
-    parser.add_argument("--every", type=int, default=8)
+    parser.add_argument("--step-size", default="auto",
+                        help='"auto" (the samplers\' defaults) or a step size, used with friction 1')
+    parser.add_argument("--prior", default="fan_in", help='"fan_in" (kt.priors.FanInGaussian()) or a Gaussian std')
+    parser.add_argument("--steps", type=int, default=20000)
+    parser.add_argument("--burn-in", type=int, default=5000)
+    parser.add_argument("--every", type=int, default=50)
     parser.add_argument("--map-steps", type=int, default=2000)
     parser.add_argument("--start", choices=("init", "map"), default="init",
                         help="start the samplers at Keras' initialisation (seeded) or at the first MAP net")
@@ -374,12 +393,14 @@ def main(argv=None) -> None:
         "command": "PYTHONPATH=. python -m benchmarks.regression_uncertainty " + " ".join(sys.argv[1:] if argv is None else argv),
         "protocol": {
             "net": f"d -> {HIDDEN} relu -> 2 (mean, raw scale), kt.losses.GaussianNLL()",
-            "prior": f"kt.priors.Gaussian({PRIOR_STD})",
+            "prior": repr(make_prior(args.prior).get_config()) + f" ({type(make_prior(args.prior)).__name__})",
             "inputs": "standardized with the training split's mean and std",
             "targets": "kt.regression.TargetScaler on the training split; metrics on the original scale",
             "map": f"full-batch Adam, learning rate {MAP_LEARNING_RATE}, {args.map_steps} steps on U / N",
             "ensemble": f"{ENSEMBLE_SIZE} MAP nets from different initialisations, equal-weight mixture",
-            "samplers": {name: f"{name}(step_size={args.step_size}, friction=1.0), library defaults otherwise"
+            "samplers": {name: ("library defaults (automatic step size, friction that follows it)"
+                                if args.step_size == "auto" else
+                                f"{name}(step_size={args.step_size}, friction=1.0), library defaults otherwise")
                          for name in args.samplers},
             "sampling": f"batch {BATCH_SIZE} with replacement, start at "
                         f"{'the first MAP net' if args.start == 'map' else 'Keras initialisation (seeded)'}, {args.steps} steps "

@@ -128,6 +128,50 @@ class Gaussian(Prior):
 
 
 @keras.saving.register_keras_serializable(package="keras_thermo")
+class FanInGaussian(Gaussian):
+    """A Gaussian prior whose scale follows each layer's width: `N(0, scale^2 / fan_in)` on the
+    entries of a kernel and `N(0, bias_std^2)` on vectors and scalars (biases, normalisation).
+
+    A kernel's fan-in is the product of all its dimensions but the last (a Dense kernel's inputs;
+    a convolution's window size times its input channels; an LSTM's inputs or units). With that
+    scaling the prior's function keeps the same spread however wide the layers are (Neal 1996),
+    where a fixed `N(0, 1)` on a layer of width H makes the next layer's pre-activations grow as
+    `sqrt(H)`: a prior far wider than standardized targets call for.
+
+    Args:
+        scale: Positive float: the standard deviation of a kernel entry times `sqrt(fan_in)`.
+        bias_std: Positive float: the standard deviation of every rank-0 or rank-1 variable.
+
+    Example:
+        >>> import numpy as np
+        >>> prior = FanInGaussian(scale=1.0, bias_std=1.0)
+        >>> kernel, bias = keras.Variable(np.zeros((4, 3), "float32")), keras.Variable(np.zeros(3, "float32"))
+        >>> prior.stds_for([kernel, bias])
+        [0.5, 1.0]
+
+    Reference:
+        R. M. Neal, "Bayesian Learning for Neural Networks", Springer 1996, chapter 2 (priors
+        whose hidden-to-output scale falls as one over the square root of the width).
+    """
+
+    def __init__(self, scale: float = 1.0, bias_std: float = 1.0):
+        self.scale = check_positive("scale", scale)
+        self.bias_std = check_positive("bias_std", bias_std)
+        super().__init__(std=1.0)
+
+    def stds_for(self, variables: Sequence[tf.Variable]) -> list[float]:
+        stds = []
+        for variable in variables:
+            shape = tuple(variable.shape)
+            fan_in = math.prod(shape[:-1]) if len(shape) >= 2 else 0
+            stds.append(self.scale / math.sqrt(fan_in) if fan_in > 0 else self.bias_std)
+        return stds
+
+    def get_config(self) -> dict:
+        return {"scale": self.scale, "bias_std": self.bias_std}
+
+
+@keras.saving.register_keras_serializable(package="keras_thermo")
 class Laplace(Prior):
     """Independent zero-mean Laplace prior with scale `b`: `R = sum |theta_i| / b + log(2 b)`.
 

@@ -195,3 +195,33 @@ def test_gibbs_draw_under_tact_hmc_uses_the_weights_effective_temperature():
         np.testing.assert_allclose(precisions, [float(e) for e in expected], rtol=1e-5)
     # The check covers tempered steps, where T / lambda(xi) differs from T.
     assert np.mean(np.array(factors) > 1.5) > 0.2, np.quantile(factors, [0.1, 0.5, 0.9])
+
+
+# --- FanInGaussian ---------------------------------------------------------------------------
+
+
+def test_fan_in_gaussian_scales_each_kernel_by_its_fan_in():
+    net = keras.Sequential([
+        keras.Input((8, 8, 3)),
+        keras.layers.Conv2D(4, 3),
+        keras.layers.Flatten(),
+        keras.layers.Dense(5),
+    ])
+    prior = kt.priors.FanInGaussian(scale=2.0, bias_std=0.5)
+    # Conv kernel (3, 3, 3, 4): fan-in 27; its bias; Dense kernel (144, 5): fan-in 144; its bias.
+    assert prior.stds_for(net.trainable_variables) == pytest.approx([2.0 / math.sqrt(27), 0.5, 2.0 / 12.0, 0.5])
+    # The density is the Gaussian's at those stds, normalising constant included.
+    expected = sum(
+        -np.sum(stats.norm.logpdf(v.numpy().astype(np.float64), scale=std))
+        for v, std in zip(net.trainable_variables, prior.stds_for(net.trainable_variables))
+    )
+    assert float(prior(net.trainable_variables)) == pytest.approx(expected, rel=1e-5)
+
+
+def test_fan_in_gaussian_config_round_trip_and_bad_scale():
+    prior = kt.priors.FanInGaussian(scale=0.5, bias_std=2.0)
+    restored = kt.priors.get(keras.saving.serialize_keras_object(prior))
+    assert isinstance(restored, kt.priors.FanInGaussian)
+    assert restored.get_config() == {"scale": 0.5, "bias_std": 2.0}
+    with pytest.raises(ValueError, match="scale"):
+        kt.priors.FanInGaussian(scale=0.0)
