@@ -1,9 +1,10 @@
-"""The README's quick start, run as a user runs it: its two code blocks, as written, in order."""
+"""The README's code, run as a user runs it: the quick start's two blocks in order, and the regression example."""
 
 import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,3 +33,22 @@ def test_the_quick_start_runs_as_written(tmp_path, monkeypatch):
     result = scope["result"]
     assert result.probs.shape == (len(scope["x_test"]), 10)
     np.testing.assert_allclose(result.probs.sum(axis=1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_regression_example_runs_as_written(capsys):
+    """The README's diabetes regression, as written (about 80 s): samples after its burn-in,
+    intervals around the predictive mean, the metrics printed on y's own scale."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Regression", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    scope: dict = {}
+    exec(compile(block, "README regression", "exec"), scope)  # noqa: S102
+    samples, prediction = scope["samples"], scope["prediction"]
+    assert abs(len(samples.samples) - (20_020 - 5_000) // 50) <= 1 and samples.steps[0] >= 5000
+    lower, upper = scope["lower"], scope["upper"]
+    assert np.all(lower < prediction.mean) and np.all(prediction.mean < upper)
+    assert prediction.mean.shape == scope["y_test"].shape
+    # On y's own scale (targets 25-346), not the standardized one.
+    assert 50 < float(np.mean(prediction.mean)) < 300
+    assert "coverage_90" in capsys.readouterr().out

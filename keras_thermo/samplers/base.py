@@ -320,15 +320,18 @@ class Sampler:
 
     def read_setting(self, name: str, default=None):
         """The value of setting `name` for the step: its variable (a tensor) once bound, else the
-        float; `default` stands for an optional setting left at None."""
+        float; `default` stands for an optional setting left at None (0 in its variable). A
+        callable default is called only where it is needed (it may read a step size that is not
+        measured yet)."""
+        resolve = default if callable(default) else (lambda: default)
         variable = self._setting_variables.get(name)
         if variable is None:
             value = getattr(self, name)
-            return default if value is None else value
+            return resolve() if value is None else value
         value = tf.convert_to_tensor(variable)
         if default is None:
             return value
-        return tf.where(value > 0, value, tf.cast(default, value.dtype))
+        return tf.where(value > 0, value, tf.cast(resolve(), value.dtype))
 
     # --- to be provided by subclasses -------------------------------------------------------
 

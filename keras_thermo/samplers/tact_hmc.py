@@ -311,12 +311,9 @@ class TACTHMC(Sampler):
 
     def xi_step_size_at(self, step: tf.Tensor) -> tf.Tensor:
         """eta_xi at `step` (follows `step_size` when `xi_step_size` is None)."""
-        value = self.read_setting("xi_step_size")  # its variable once bound (0 stands for None)
-        if value is None:
-            return tf.cast(self.step_size_at(step), tf.float32)
-        if isinstance(value, tf.Tensor):
-            return tf.where(value > 0, value, tf.cast(self.step_size_at(step), value.dtype))
-        return tf.constant(value, tf.float32)  # a float: the automatic step may not be measured yet
+        # Lazily: with a given xi_step_size the automatic theta step may not be measured yet.
+        value = self.read_setting("xi_step_size", default=lambda: self.step_size_at(step))
+        return tf.cast(value, tf.float32)
 
     def _friction(self, momentum: tf.Tensor, rate: tf.Tensor) -> tf.Tensor:
         """Friction sub-step `dr/dt = -rate r` over one step."""
