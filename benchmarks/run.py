@@ -54,7 +54,7 @@ Config schema (keys not listed are errors):
         sampler: sgnht
         options: {step_size: 5.0e-3, friction: 10.0}
         prior:                         # instead of prior_std: a prior of keras_thermo.priors
-          kind: hierarchical           # gaussian {std} | laplace {scale} | hierarchical: each
+          kind: hierarchical           # gaussian {std} | fan_in {scale, bias_std} | laplace {scale} | hierarchical: each
           alpha: 1.0                   # variable's precision ~ Gamma(alpha, beta), redrawn by a
           beta: 1.0                    # Gibbs step every resample_every steps, starting from
           resample_every: 100          # 1 / initial_std^2 (HierarchicalGaussian's arguments;
@@ -203,6 +203,7 @@ METHOD_LEVEL_PARAMETERS = ("prior_std", "temperature")
 # Grid keys `prior.<argument>` set those arguments.
 PRIOR_KINDS = {
     "gaussian": ("Gaussian", ("std",)),
+    "fan_in": ("FanInGaussian", ("scale", "bias_std")),
     "laplace": ("Laplace", ("scale",)),
     "hierarchical": ("HierarchicalGaussian", ("alpha", "beta", "resample_every", "initial_std")),
 }

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import keras_thermo as kt
+
 from benchmarks import demo, run
 from keras_thermo.testing import load_strict_json
 
@@ -290,7 +292,7 @@ def _tuned_config_text(tmp_path, extra: str) -> Path:
         ("methods: {sgnht: {prior: {kind: hierarchical}}}",
          r"`methods.sgnht` sets both `prior_std` \(3.0\) and `prior`"),
         ("methods: {sgnht: {prior_std: null, prior: {kind: wide}}}",
-         r"`methods.sgnht.prior` must be a mapping with `kind` one of \['gaussian', 'hierarchical', 'laplace'\], "
+         r"`methods.sgnht.prior` must be a mapping with `kind` one of \['fan_in', 'gaussian', 'hierarchical', 'laplace'\], "
          r"got 'wide'"),
         ("methods: {sgnht: {prior_std: null, prior: hierarchical}}",
          r"`methods.sgnht.prior` must be a mapping .* got 'hierarchical'"),
@@ -387,6 +389,8 @@ def test_prior_values_are_checked_before_training(tmp_path):
     with pytest.raises(run.ConfigError, match=r"Method 'H': cannot build the prior \{'prior_std': 'wide'\}"):
         run.build_prior({"label": "H", "sampler": "sgnht", "prior_std": "wide"})
     assert run.build_prior({"label": "H", "sampler": "sgnht", "prior_std": None}) is None  # flat prior
+    fan_in = run.build_prior({"label": "F", "sampler": "sgnht", "prior": {"kind": "fan_in", "scale": 2.0}})
+    assert isinstance(fan_in, kt.priors.FanInGaussian) and fan_in.get_config() == {"scale": 2.0, "bias_std": 1.0}
     # A bad value in a grid stops the run before anything trains or any data is read.
     path = _tuned_config_text(tmp_path, (
         "methods: {hier: {label: H, sampler: sgnht, options: {step_size: 1.0e-2}, prior: {kind: hierarchical}}}\n"
