@@ -37,7 +37,7 @@ def test_the_quick_start_runs_as_written(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_the_regression_example_runs_as_written(capsys):
-    """The README's diabetes regression, as written (about 80 s): samples after its burn-in,
+    """The README's diabetes regression, as written (106 s on 2 cores): samples after its burn-in,
     intervals around the predictive mean, the metrics printed on y's own scale."""
     text = (ROOT / "README.md").read_text()
     section = text.split("## Regression", 1)[1].split("\n## ", 1)[0]
