@@ -136,7 +136,9 @@ class FanInGaussian(Gaussian):
     a convolution's window size times its input channels; an LSTM's inputs or units). With that
     scaling the prior's function keeps the same spread however wide the layers are (Neal 1996),
     where a fixed `N(0, 1)` on a layer of width H makes the next layer's pre-activations grow as
-    `sqrt(H)`: a prior far wider than standardized targets call for.
+    `sqrt(H)`: a prior far wider than standardized targets call for. The rule reads only shapes:
+    an Embedding's table `[vocabulary, dim]` counts its vocabulary as fan-in; give such a net a
+    `Gaussian` with a per-variable `std` dict where that is not wanted.
 
     Args:
         scale: Positive float: the standard deviation of a kernel entry times `sqrt(fan_in)`.
