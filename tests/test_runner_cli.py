@@ -34,7 +34,8 @@ DEFAULT = ["digits_tuned_schedules_burn_in", "emnist_all"]
 # Left to the slow suite, each 15-30 s more: tests/test_runner.py runs these paths in-process,
 # and tests/test_data.py and tests/test_networks.py the CNN and LSTM tasks' data and networks.
 SLOW_ONLY_FEATURES = {
-    ("ood",), ("prior", "hierarchical"), ("schedule", "ramp"), ("dataset", "cifar10"), ("dataset", "fashion_mnist"),
+    ("ood",), ("prior", "hierarchical"), ("prior", "fan_in"), ("schedule", "ramp"), ("dataset", "cifar10"),
+    ("dataset", "fashion_mnist"),
 }
 TIMEOUT_S = 900  # the longest, digits_tuned_each, takes about 2.5 minutes on 2 busy cores
 
