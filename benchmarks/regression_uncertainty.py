@@ -74,19 +74,46 @@ GAP = 1.0  # |x| < GAP is the toy's gap (its clusters start at 1.5)
 RMSE_TOLERANCE = 0.05  # posterior mean RMSE within 5% of OLS
 COVERAGE_BAND = (0.85, 0.95)
 GAP_RATIO = 2.0
+DIABETES_ROWS = 442  # scikit-learn's diabetes data set
 
 
-def make_sampler(name: str, step_size: str):
+def _auto_or_positive(name: str, keyword: str):
+    """An argparse type: `keyword` as itself, else a positive number, with an error naming the
+    option, the value and what is allowed."""
+
+    def parse(text: str):
+        if text == keyword:
+            return text
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not value > 0 or math.isinf(value):
+            raise argparse.ArgumentTypeError(f"{name} must be {keyword!r} or a positive number, got {text!r}")
+        return value
+
+    return parse
+
+
+def make_sampler(name: str, step_size):
     """The library's defaults (automatic step, friction that follows it) for `"auto"`, else the
     given step with friction 1."""
     if step_size == "auto":
         return SAMPLERS[name]()
-    return SAMPLERS[name](float(step_size), friction=1.0)
+    return SAMPLERS[name](step_size, friction=1.0)
 
 
-def make_prior(prior: str) -> kt.priors.Prior:
+def make_prior(prior) -> kt.priors.Prior:
     """`"fan_in"`: `kt.priors.FanInGaussian()`; a number s: `kt.priors.Gaussian(s)`."""
-    return kt.priors.FanInGaussian() if prior == "fan_in" else kt.priors.Gaussian(float(prior))
+    return kt.priors.FanInGaussian() if prior == "fan_in" else kt.priors.Gaussian(prior)
+
+
+def calibrated_band_probability(num_rows: int, level: float = LEVEL, band=COVERAGE_BAND) -> float:
+    """The probability that an exactly calibrated central interval of probability `level`
+    covers a fraction inside `band` of `num_rows` independent test targets: the coverage count
+    is Binomial(num_rows, level)."""
+    return sum(math.comb(num_rows, k) * level**k * (1 - level) ** (num_rows - k)
+               for k in range(num_rows + 1) if band[0] <= k / num_rows <= band[1])
 
 
 def _net(num_features: int) -> keras.Model:
@@ -214,16 +241,21 @@ def evaluate_methods(x_train, y_train, x_eval_sets, args, seed: int, samplers) -
 # Diabetes
 
 
+def train_rows(num_rows: int) -> int:
+    """The rows of an 80/20 split that train."""
+    return int(round(0.8 * num_rows))
+
+
 def diabetes(args) -> dict:
     from sklearn.datasets import load_diabetes  # noqa: PLC0415
 
     data = load_diabetes()
     x_all, y_all = data.data.astype(np.float64), data.target.astype(np.float64)[:, None]
+    assert x_all.shape[0] == DIABETES_ROWS, x_all.shape
     splits = []
     for split in range(args.splits):
         order = np.random.default_rng(split).permutation(x_all.shape[0])
-        cut = int(round(0.8 * x_all.shape[0]))
-        train, test = order[:cut], order[cut:]
+        train, test = order[:train_rows(x_all.shape[0])], order[train_rows(x_all.shape[0]):]
         print(f"diabetes split {split}", flush=True)
         results = evaluate_methods(x_all[train], y_all[train], {"test": x_all[test]}, args, split, args.samplers)
         splits.append({
@@ -344,6 +376,14 @@ def markdown_tables(report: dict) -> str:
         targets = met.get(method)
         counts = ["-"] * 3 if targets is None else [f"{targets[k]}/{splits}" for k in targets]
         lines.append(f"| {method} | " + " | ".join(cells + counts) + " |")
+    test_rows = DIABETES_ROWS - train_rows(DIABETES_ROWS)
+    per_split = calibrated_band_probability(test_rows)
+    lines += [
+        "",
+        f"On {test_rows} test rows an exactly calibrated 90% interval covers a fraction in "
+        f"[{COVERAGE_BAND[0]}, {COVERAGE_BAND[1]}] with probability {per_split:.3f} on one split (binomial), "
+        f"{per_split ** splits:.3f} on all {splits}.",
+    ]
     if "toy" in report:
         lines += [
             "",
@@ -368,9 +408,10 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="benchmarks/results/regression_uncertainty")
     parser.add_argument("--splits", type=int, default=5)
     parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=list(SAMPLERS))
-    parser.add_argument("--step-size", default="auto",
+    parser.add_argument("--step-size", default="auto", type=_auto_or_positive("--step-size", "auto"),
                         help='"auto" (the samplers\' defaults) or a step size, used with friction 1')
-    parser.add_argument("--prior", default="fan_in", help='"fan_in" (kt.priors.FanInGaussian()) or a Gaussian std')
+    parser.add_argument("--prior", default="fan_in", type=_auto_or_positive("--prior", "fan_in"),
+                        help='"fan_in" (kt.priors.FanInGaussian()) or a Gaussian std')
     parser.add_argument("--steps", type=int, default=20000)
     parser.add_argument("--burn-in", type=int, default=5000)
     parser.add_argument("--every", type=int, default=50)
@@ -393,7 +434,7 @@ def main(argv=None) -> None:
         "command": "PYTHONPATH=. python -m benchmarks.regression_uncertainty " + " ".join(sys.argv[1:] if argv is None else argv),
         "protocol": {
             "net": f"d -> {HIDDEN} relu -> 2 (mean, raw scale), kt.losses.GaussianNLL()",
-            "prior": repr(make_prior(args.prior).get_config()) + f" ({type(make_prior(args.prior)).__name__})",
+            "prior": "kt.priors.FanInGaussian()" if args.prior == "fan_in" else f"kt.priors.Gaussian({args.prior})",
             "inputs": "standardized with the training split's mean and std",
             "targets": "kt.regression.TargetScaler on the training split; metrics on the original scale",
             "map": f"full-batch Adam, learning rate {MAP_LEARNING_RATE}, {args.map_steps} steps on U / N",

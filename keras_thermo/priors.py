@@ -157,9 +157,9 @@ class FanInGaussian(Gaussian):
     """
 
     def __init__(self, scale: float = 1.0, bias_std: float = 1.0):
+        # Gaussian's density, with the std of each variable from its shape (no `std` of its own).
         self.scale = check_positive("scale", scale)
         self.bias_std = check_positive("bias_std", bias_std)
-        super().__init__(std=1.0)
 
     def stds_for(self, variables: Sequence[tf.Variable]) -> list[float]:
         stds = []

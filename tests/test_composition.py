@@ -120,7 +120,8 @@ def _build_regression(row: dict):
     y = (x @ [0.5, -1.0, 0.0, 0.3] + 0.3 * rng.normal(size=ROWS)).astype("float32")[:, None]
     y = kt.regression.TargetScaler().fit(y).transform(y)
     net = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5, activation="relu"), keras.layers.Dense(2)])
-    model = kt.BayesianModel(net, _sampler(row), num_examples=ROWS, prior=kt.priors.Gaussian(1.0), seed=5,
+    # The prior the regression docs recommend, so it is saved, resumed and run with chains too.
+    model = kt.BayesianModel(net, _sampler(row), num_examples=ROWS, prior=kt.priors.FanInGaussian(), seed=5,
                              num_chains=row["num_chains"])
     model.compile(loss=kt.losses.GaussianNLL(), steps_per_execution=2, jit_compile=row.get("jit_compile", False))
     return model, x, y
