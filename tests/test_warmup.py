@@ -186,3 +186,18 @@ def main():
 
 if __name__ == "__main__":
     main()
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLERS))
+def test_no_warmup_with_the_automatic_step_size_runs(name):
+    """`warmup_steps=0` at the automatic step size: the first step restarts the chain with the
+    papers' `xi_0 = A` once A is known (SGNHT's heat balance has no warm-up to average over;
+    it once divided by that empty window and stopped at step 0 with a non-finite xi)."""
+    x, y, _, _ = _problem()
+    keras.utils.set_random_seed(0)
+    net = keras.Sequential([keras.Input((NUM_FEATURES,)), keras.layers.Dense(1)])
+    model = kt.BayesianModel(net, SAMPLERS[name](warmup_steps=0), num_examples=NUM_EXAMPLES,
+                             prior=kt.priors.Gaussian(PRIOR_STD), seed=0, temperature_check=False)
+    model.compile(loss=kt.losses.GaussianNLL(scale=1.0))
+    history = model.fit(x, y, batch_size=BATCH, epochs=3, verbose=0).history
+    assert np.all(np.isfinite(history["xi"])) and np.all(np.isfinite(history["loss"])), history

@@ -141,6 +141,8 @@ class SGNHT(ThermostatSampler):
         """
         del params, mass
         first, end = self._heat_window()
+        if end <= first:  # no warm-up: no heat was measured, so the papers' xi_0 = A
+            return super().restart_xi(state, None, context, None)
         f64 = integrators.THERMOSTAT_DTYPE
         balanced = tf.cast(state.heat, f64) / (float(end - first) * tf.cast(context.temperature, f64))
         return tf.maximum(super().restart_xi(state, None, context, None), balanced)
