@@ -220,7 +220,9 @@ MAPPING_PARAMETERS = {
     "step_size_schedule": STEP_SIZE_SCHEDULE_KINDS,
     "temperature_schedule": TEMPERATURE_SCHEDULE_KINDS,
 }
-OOD_KEYS = {"in_classes", "out_classes", "label_noise"}
+OOD_KEYS = {"in_classes", "out_classes", "dataset", "label_noise"}
+# Datasets of one image shape: a net trained on one scores another's test split as OOD.
+OOD_DATASETS = ("emnist_balanced", "fashion_mnist", "mnist")
 DATASETS = ("digits", "emnist_balanced", "fashion_mnist", "mnist", "cifar10")
 DEFAULT_MOCK_EXAMPLES = 64
 STRATEGIES = ("none", "mirrored", "multi_worker")
@@ -558,10 +560,28 @@ def check_tune(tune: Any, methods: dict, where: str = "tune") -> dict:
 
 
 def check_ood(ood: Any, data: dict) -> dict:
-    """The `ood:` block: digits classes to train on and to score as out-of-distribution."""
+    """The `ood:` block: digits classes to train on and to score as out-of-distribution, or
+    (MNIST-like datasets) another dataset whose test split the reported runs score as OOD."""
     ood = dict(_check_keys("ood", ood, OOD_KEYS))
+    ood["label_noise"] = _fraction("ood.label_noise", ood.get("label_noise", 0.0), open_low=False, open_high=False)
+    if "dataset" in ood:
+        if ood.keys() & {"in_classes", "out_classes"}:
+            raise ConfigError("`ood` takes either `dataset` or `in_classes` and `out_classes`, not both.")
+        if data["dataset"] not in OOD_DATASETS or ood["dataset"] not in OOD_DATASETS or ood["dataset"] == data["dataset"]:
+            raise ConfigError(
+                f"`ood.dataset` must be one of {list(OOD_DATASETS)} other than `data.dataset`, and `data.dataset` "
+                f"one of them too (same image shape); got ood.dataset {ood['dataset']!r} with data.dataset "
+                f"{data['dataset']!r}.")
+        levels = data.get("label_noise") or []
+        if ood["label_noise"] not in levels:
+            raise ConfigError(
+                f"`ood.label_noise` {ood['label_noise']} must be one of `data.label_noise` {levels}: the reported "
+                f"runs at that level score {ood['dataset']!r}.")
+        return ood
     if data["dataset"] != "digits":
-        raise ConfigError(f"`ood` needs `data.dataset: digits` (it selects digit classes), got {data['dataset']!r}.")
+        raise ConfigError(
+            f"`ood` with `in_classes`/`out_classes` needs `data.dataset: digits` (it selects digit classes), got "
+            f"{data['dataset']!r}; for {list(OOD_DATASETS)} give `ood.dataset`, another of them.")
     for key, least in (("in_classes", 2), ("out_classes", 2)):
         classes = ood.get(key)
         if (not isinstance(classes, list) or len(classes) < least or len(set(classes)) != len(classes)
@@ -571,7 +591,6 @@ def check_ood(ood: Any, data: dict) -> dict:
     if set(ood["in_classes"]) & set(ood["out_classes"]):
         raise ConfigError(
             f"`ood.in_classes` {ood['in_classes']} and `ood.out_classes` {ood['out_classes']} must not share a digit.")
-    ood["label_noise"] = _fraction("ood.label_noise", ood.get("label_noise", 0.0), open_low=False, open_high=False)
     return ood
 
 
@@ -646,13 +665,15 @@ class TaskData:
     holdout: dict | None = None
 
 
-def _loader(config: dict, *, quick: bool, data_dir: str | None):
-    """`load(split, **kwargs)` for the config's dataset, with its options, seed and quick limits."""
+def _loader(config: dict, *, quick: bool, data_dir: str | None, dataset: str | None = None):
+    """`load(split, **kwargs)` for the config's dataset (or `dataset`, read with the same
+    options), with its options, seed and quick limits."""
     from keras_thermo import data as kt_data  # noqa: PLC0415 (TensorFlow import is slow)
 
     spec = config["data"]
+    dataset = dataset or spec["dataset"]
     common = {"seed": int(config["training"]["seed"]), **spec["options"]}
-    if spec["dataset"] == "digits":
+    if dataset == "digits":
         load = kt_data.load_digits
     else:
         load = {
@@ -660,10 +681,10 @@ def _loader(config: dict, *, quick: bool, data_dir: str | None):
             "fashion_mnist": kt_data.load_fashion_mnist,
             "mnist": kt_data.load_mnist,
             "cifar10": kt_data.load_cifar10,
-        }[spec["dataset"]]
+        }[dataset]
         common["data_dir"] = data_dir
     limits = {}
-    if quick and spec["dataset"] != "digits":
+    if quick and dataset != "digits":
         limits = {split: config["quick"].get(f"{split}_limit") for split in ("train", "test")}
 
     def load_split(split: str, **kwargs):
@@ -682,7 +703,9 @@ def load_task_data(config: dict, label_noise: float, *, quick: bool, mock_data: 
             split cut by `stratified_holdout` (fraction and seed of `tune:`) into the part
             trained on and the validation part scored on; the test split is not read. `"ood"`:
             the training and test examples of `ood.in_classes`, and the test examples of
-            `ood.out_classes` as out-of-distribution data.
+            `ood.out_classes` as out-of-distribution data. With `ood.dataset` (another
+            dataset), `"test"` at `ood.label_noise` also holds that dataset's test split as
+            out-of-distribution data.
     """
     from keras_thermo import data as kt_data  # noqa: PLC0415
 
@@ -707,7 +730,11 @@ def load_task_data(config: dict, label_noise: float, *, quick: bool, mock_data: 
 
     def build() -> TaskData:
         if part == "test":
-            return TaskData(train_split(), load("test", **scoring))
+            ood = config.get("ood") or {}
+            other = None
+            if ood.get("dataset") and label_noise == ood["label_noise"]:
+                other = _loader(config, quick=quick, data_dir=data_dir, dataset=ood["dataset"])("test", **scoring)
+            return TaskData(train_split(), load("test", **scoring), ood=other)
         if part == "validation":
             tune = config["tune"]
             labels = load("train", **scoring).labels
@@ -1598,7 +1625,14 @@ def _summary_table(config: dict, runs: list[dict], ood_runs: list[dict]) -> list
             "column, which names the first choice and where it diverged; results.json: `runs[i].fallback`)."
         )
     lines += ["", *_comparisons(runs, ood_runs)]
-    if ood is not None:
+    if ood is not None and "dataset" in ood:
+        lines.append(
+            f"OOD: each reported run at {round(100 * ood['label_noise'])}% permuted labels scores the test images "
+            f"of {ood['dataset']} against those of {config['data']['dataset']} (AUROC, OOD = positive, higher = "
+            "better; the columns above): by the predictive entropy, and for samplers also by the mutual "
+            "information between label and weights. Optimizers have no mutual information (one set of weights)."
+        )
+    elif ood is not None:
         lines.append(
             f"OOD: each method (with the settings chosen at {round(100 * ood['label_noise'])}% permuted labels) "
             f"is trained on digits {ood['in_classes']} and the test images of {ood['out_classes']} are scored "
@@ -1906,7 +1940,7 @@ def run_config(
     # 3. The OOD study: train on ood.in_classes, score the test images of ood.out_classes
     # against the held-out test images of ood.in_classes.
     ood_runs = []
-    if config.get("ood") is not None:
+    if config.get("ood") is not None and "dataset" not in config["ood"]:
         ood = config["ood"]
         ood_config = copy.deepcopy(config)
         ood_config["model"]["options"]["num_classes"] = len(ood["in_classes"])
@@ -1928,7 +1962,8 @@ def run_config(
             log(f"    {run['status']}: OOD AUROC predictive entropy {_number(scores['auroc_predictive_entropy'])}, "
                 f"mutual information {_number(scores['auroc_mutual_information'])}")
             ood_runs.append(run)
-    table = markdown_table(config, runs, ood_runs)
+    # A cross-dataset OOD score is in its reported run (`runs[i].ood`): no separate study.
+    table = markdown_table(config, runs, ood_runs or [run for run in runs if "ood" in run])
     (out / "table.md").write_text(table, encoding="utf-8")
     plots = write_plots(config, runs, out)
     results = {

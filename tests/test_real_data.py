@@ -250,3 +250,49 @@ def test_demo_mentions_the_real_data_comparison_only_where_real_mnist_is(tmp_pat
     assert f"Real MNIST found in {tmp_path / 'real'}" in hint
     assert "python -m benchmarks.logistic_regression --config configs/logistic_mnist.yaml" in hint
     assert demo.REAL_DATA_DIR == Path(demo.__file__).resolve().parent.parent / "data" / "real"
+
+
+# ---------------------------------------------------------------------------------------------
+# Out-of-distribution scoring against another dataset (MNIST-trained nets on Fashion-MNIST)
+
+
+def _write_fashion(tmp_path):
+    write_split(tmp_path / "real" / "fashion_mnist", "train", *random_split(30, seed=2))
+    write_split(tmp_path / "real" / "fashion_mnist", "t10k", *random_split(15, seed=3))
+
+
+@pytest.mark.parametrize("ood, dataset, match", [
+    ({"dataset": "cifar10"}, "mnist", r"`ood.dataset` must be one of \['emnist_balanced', 'fashion_mnist', 'mnist'\] "
+                                      r"other than `data.dataset`.*got ood.dataset 'cifar10'"),
+    ({"dataset": "mnist"}, "mnist", r"other than `data.dataset`.*got ood.dataset 'mnist' with data.dataset 'mnist'"),
+    ({"dataset": "mnist"}, "cifar10", r"data.dataset 'cifar10'"),
+    ({"dataset": "fashion_mnist", "in_classes": [0, 1]}, "mnist", r"either `dataset` or `in_classes`"),
+    ({"dataset": "fashion_mnist", "label_noise": 0.3}, "mnist",
+     r"`ood.label_noise` 0.3 must be one of `data.label_noise` \[0.0, 0.2\]"),
+])
+def test_cross_dataset_ood_block_is_checked(ood, dataset, match):
+    with pytest.raises(run.ConfigError, match=match):
+        run.check_ood(ood, {"dataset": dataset, "label_noise": [0.0, 0.2]})
+
+
+def test_runner_scores_another_datasets_test_split_as_ood(tmp_path):
+    """`ood: {dataset: fashion_mnist}` on an MNIST config: the reported runs at `ood.label_noise`
+    (and only they) hold Fashion-MNIST's test split, score it, and the table reports it."""
+    real = _write_real(tmp_path)
+    _write_fashion(tmp_path)
+    config = _mnist_config(tmp_path, real)
+    config["data"]["label_noise"] = [0.0, 0.2]
+    config["ood"] = run.check_ood({"dataset": "fashion_mnist"}, config["data"])
+    task = run.load_task_data(config, 0.0, quick=False, mock_data=False, data_dir=None)
+    assert (task.ood.name, task.ood.num_examples, task.ood.input_shape) == ("fashion_mnist", 15, (784,))
+    assert run.load_task_data(config, 0.2, quick=False, mock_data=False, data_dir=None).ood is None
+    config["data"]["label_noise"] = [0.0]
+    results = run.run_config(config, tmp_path / "out", verbose=0, log=lambda *_: None)
+    assert results["ood_runs"] == []  # no separate study: the scores are in the reported runs
+    scores = {r["method"]: r["ood"] for r in results["runs"]}
+    assert 0.0 <= scores["adam"]["auroc_predictive_entropy"] <= 1.0
+    assert scores["adam"]["auroc_mutual_information"] is None
+    assert 0.0 <= scores["sgnht"]["auroc_mutual_information"] <= 1.0
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert "scores the test images of fashion_mnist against those of mnist" in table
+    assert "- OOD: best optimizer AUROC adam" in table  # the method key stands for its label

@@ -285,7 +285,8 @@ def _tuned_config_text(tmp_path, extra: str) -> Path:
         ("ood: {in_classes: [0, 1], out_classes: [5, 10]}", r"`ood.out_classes` must be a list of at least 2"),
         ("ood: {in_classes: [0, 1], out_classes: [5, 6], label_noise: -0.1}", r"`ood.label_noise` must be a number"),
         ("ood: {in_classes: [0, 1], out_classes: [5, 6], test: 1}", r"`ood` has unknown keys \['test'\]"),
-        ("data: {dataset: fashion_mnist}", r"`ood` needs `data.dataset: digits`"),
+        ("data: {dataset: fashion_mnist}", r"`ood` with `in_classes`/`out_classes` needs `data.dataset: digits`"),
+        ("ood: {dataset: fashion_mnist}", r"`ood` takes either `dataset` or `in_classes` and `out_classes`"),
         ("methods: {adam: {epochs: 0}}", r"`methods.adam.epochs` must be a positive integer, got 0"),
         # A method's `prior:` mapping, and the grid keys that tune it.
         ("methods: {adam: {prior: {kind: gaussian, std: 1.0}}}", r"`methods.adam.prior` applies to samplers only"),

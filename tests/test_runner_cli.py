@@ -32,10 +32,11 @@ RUNNER_CONFIGS = sorted(p.stem for p in CONFIGS.glob("*.yaml") if p.stem not in 
 # schedule and SGLD (test_default_configs_cover_every_runner_code_path).
 DEFAULT = ["digits_tuned_schedules_burn_in", "emnist_all"]
 # Left to the slow suite, each 15-30 s more: tests/test_runner.py runs these paths in-process,
-# and tests/test_data.py and tests/test_networks.py the CNN and LSTM tasks' data and networks.
+# tests/test_data.py and tests/test_networks.py the CNN and LSTM tasks' data and networks, and
+# tests/test_real_data.py MNIST from IDX files with another dataset's OOD scores.
 SLOW_ONLY_FEATURES = {
     ("ood",), ("prior", "hierarchical"), ("prior", "fan_in"), ("schedule", "ramp"), ("dataset", "cifar10"),
-    ("dataset", "fashion_mnist"),
+    ("dataset", "fashion_mnist"), ("dataset", "mnist"), ("ood", "dataset"),
 }
 TIMEOUT_S = 900  # the longest, digits_tuned_each, takes about 2.5 minutes on 2 busy cores
 
@@ -79,7 +80,8 @@ def _features(name):
     config = run.apply_quick(run.load_config(CONFIGS / f"{name}.yaml"))
     features = {("dataset", config["data"]["dataset"])}
     features |= {("tune",)} if config.get("tune") else set()
-    features |= {("ood",)} if config.get("ood") else set()
+    if config.get("ood"):  # a digit-class study, or another dataset's test split
+        features.add(("ood", "dataset") if "dataset" in config["ood"] else ("ood",))
     for method in config["methods"].values():
         features.add(("method", method.get("sampler") or method["optimizer"]))
         for key in run.SCHEDULE_KEYS:
