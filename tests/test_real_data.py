@@ -296,3 +296,26 @@ def test_runner_scores_another_datasets_test_split_as_ood(tmp_path):
     table = (tmp_path / "out" / "table.md").read_text()
     assert "scores the test images of fashion_mnist against those of mnist" in table
     assert "- OOD: best optimizer AUROC adam" in table  # the method key stands for its label
+
+
+def test_runner_data_limits_take_the_first_examples_and_quick_replaces_them(tmp_path):
+    real = _write_real(tmp_path)
+    _write_fashion(tmp_path)
+    config = _mnist_config(tmp_path, real)
+    config["data"].update(train_limit=25, test_limit=12)
+    config["ood"] = run.check_ood({"dataset": "fashion_mnist"}, config["data"])
+    task = run.load_task_data(config, 0.0, quick=False, mock_data=False, data_dir=None)
+    assert (task.train.num_examples, task.test.num_examples, task.ood.num_examples) == (25, 12, 12)
+    config["quick"] = {"train_limit": 30}
+    task = run.load_task_data(config, 0.0, quick=True, mock_data=False, data_dir=None)
+    assert (task.train.num_examples, task.test.num_examples) == (30, 12)
+
+
+@pytest.mark.parametrize("limit", [0, -1, 2.5, True, "all"])
+def test_runner_data_limits_are_checked(limit, tmp_path):
+    path = tmp_path / "limited.yaml"
+    config = yaml.safe_load((CONFIGS / "emnist_all.yaml").read_text())
+    config["data"]["train_limit"] = limit
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(run.ConfigError, match=r"`data.train_limit` must be a positive integer \(the first examples"):
+        run.load_config(path)
