@@ -1893,6 +1893,9 @@ def run_config(
     if data_dir is not None and not mock_data:  # results.json records where the data came from
         config = _merge(config, {"data": {"data_dir": str(data_dir)}})
     loading = {"quick": quick, "mock_data": mock_data, "data_dir": data_dir}
+    if (config.get("ood") or {}).get("dataset") and not mock_data:  # missing OOD data stops us before training
+        _loader(config, quick=quick, data_dir=data_dir or config["data"]["data_dir"],
+                dataset=config["ood"]["dataset"])("test", batch_size=int(config["data"]["eval_batch_size"]))
 
     # 1. Tuning: every trial is scored on a validation part of the training split. The test
     # split is first read in step 2, after every choice is made.

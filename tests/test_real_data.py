@@ -319,3 +319,16 @@ def test_runner_data_limits_are_checked(limit, tmp_path):
     path.write_text(yaml.safe_dump(config))
     with pytest.raises(run.ConfigError, match=r"`data.train_limit` must be a positive integer \(the first examples"):
         run.load_config(path)
+
+
+def test_runner_without_the_ood_dataset_says_how_to_get_it_before_training(tmp_path, capsys):
+    real = _write_real(tmp_path)  # MNIST only
+    config = _mnist_config(tmp_path, real)
+    text = yaml.safe_load((tmp_path / "mnist_idx.yaml").read_text())
+    text["ood"] = {"dataset": "fashion_mnist"}
+    (tmp_path / "mnist_idx.yaml").write_text(yaml.safe_dump(text))
+    assert run.main([str(tmp_path / "mnist_idx.yaml"), "--out", str(tmp_path / "out")]) == run.EXIT_ERROR
+    error = capsys.readouterr().err
+    assert "Two routes to 'fashion_mnist'" in error and "make real-data" in error
+    assert not (tmp_path / "out" / "tensorboard").exists()  # nothing was trained
+    assert config["data"]["data_dir"] == real
