@@ -249,6 +249,7 @@ def test_demo_mentions_the_real_data_comparison_only_where_real_mnist_is(tmp_pat
     hint = demo.real_data_hint(tmp_path / "real")
     assert f"Real MNIST found in {tmp_path / 'real'}" in hint
     assert "python -m benchmarks.logistic_regression --config configs/logistic_mnist.yaml" in hint
+    assert f"python -m benchmarks.run configs/mnist_mlp_real.yaml --data-dir {tmp_path / 'real'}" in hint
     assert demo.REAL_DATA_DIR == Path(demo.__file__).resolve().parent.parent / "data" / "real"
 
 
