@@ -91,10 +91,19 @@ def training_rows(x, validation_split) -> int | None:
     return rows
 
 
-def check_num_examples(num_examples: int, rows: int | None, validation_split) -> None:
+def dropped_remainder(x) -> int:
+    """How many examples a batched pipeline may leave out of each pass and still hold
+    `num_examples`: fewer than one batch (`drop_remainder=True`); 0 for arrays."""
+    if not isinstance(x, tf.data.Dataset):
+        return 0
+    sizes = {leaf.shape[0] for leaf in tf.nest.flatten(x.element_spec) if isinstance(leaf, tf.TensorSpec) and leaf.shape.rank}
+    return max(0, sizes.pop() - 1) if len(sizes) == 1 and None not in sizes else 0
+
+
+def check_num_examples(num_examples: int, rows: int | None, validation_split, slack: int = 0) -> None:
     """Warns when `num_examples` (N, the likelihood's weight) disagrees with the rows `fit`
-    trains on."""
-    if rows is None or rows == num_examples:
+    trains on; `slack`: how many more than `rows` still agree (`dropped_remainder`)."""
+    if rows is None or rows <= num_examples <= rows + slack:
         return
     held_out = f" (validation_split={validation_split} holds the rest out)" if validation_split else ""
     warnings.warn(

@@ -535,7 +535,8 @@ class BayesianModel(SamplingStep, kt_chains.ChainWeights, keras.Model):
         rows = _fit_checks.training_rows(arguments.get("x"), split)
         if self.num_examples is None:
             self.num_examples = _fit_checks.resolve_num_examples(rows)
-        _fit_checks.check_num_examples(self.num_examples, rows, split)
+        _fit_checks.check_num_examples(self.num_examples, rows, split,
+                                       slack=_fit_checks.dropped_remainder(arguments.get("x")))
         _fit_checks.warn_about_mse_likelihood(self)
         _fit_checks.warn_about_target_scale(self, arguments.get("y"))
         _fit_checks.check_per_example_method(self)

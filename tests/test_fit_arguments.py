@@ -12,6 +12,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_thermo as kt
 from keras_thermo import _fit_checks
@@ -55,6 +56,16 @@ def test_num_examples_that_disagrees_with_the_training_rows_warns_with_the_facto
     assert any("num_examples=50" in w and "trains on 40" in w and "1.25 times" in w for w in found), found
     found = _fit_warnings(_model(num_examples=2 * ROWS), x, y, batch_size=10, epochs=1)
     assert any("2 times" in w for w in found), found
+
+
+def test_a_pipeline_that_drops_its_last_partial_batch_still_agrees_with_num_examples():
+    """N = 50 in batches of 16 with `drop_remainder=True` trains on 48 rows a pass: no warning
+    (fewer than a batch left out); N = 70 there is more than a batch off and warns."""
+    x, y = _data()
+    pipeline = tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True)
+    assert not [w for w in _fit_warnings(_model(num_examples=ROWS), pipeline, epochs=1) if "num_examples" in w]
+    found = _fit_warnings(_model(num_examples=70), pipeline, epochs=1)
+    assert any("num_examples=70" in w and "trains on 48" in w for w in found), found
 
 
 def test_num_examples_none_takes_the_training_rows():
