@@ -6,7 +6,8 @@ BatchNorm: both make one example's output depend on random masks or on the other
 the batch, which breaks the per-example gradients some samplers need.
 
 The first three are the networks of Luo et al. (2018), section 5.2; `digits_mlp` and
-`logistic_regression` serve the offline digits demo and the logistic-regression benchmark.
+`logistic_regression` serve the offline digits demo and the logistic-regression benchmark, and
+`image_mlp` the real-scale defaults benchmark on Fashion-MNIST.
 """
 
 from __future__ import annotations
@@ -130,6 +131,23 @@ def digits_mlp(hidden: int | Sequence[int] = 50, num_classes: int = 10) -> keras
         >>> digits_mlp(hidden=50).count_params()  # 64*50 + 50 + 50*10 + 10
         3760
     """
+    return _relu_mlp(64, hidden, num_classes, "digits_mlp")
+
+
+def image_mlp(hidden: int | Sequence[int] = (100, 100), num_classes: int = 10) -> keras.Sequential:
+    """MLP for flattened 28x28 images (MNIST, Fashion-MNIST): 784 inputs, ReLU hidden layers
+    (`hidden1`, `hidden2`, ...), `num_classes` logits. The default is the ordinary
+    two-hidden-layer net of the real-scale defaults benchmark; use
+    `data.load_fashion_mnist(..., flatten=True)`.
+
+    Example:
+        >>> image_mlp(hidden=(100, 100)).count_params()  # 784*100 + 100 + 100*100 + 100 + 100*10 + 10
+        89610
+    """
+    return _relu_mlp(784, hidden, num_classes, "image_mlp")
+
+
+def _relu_mlp(inputs: int, hidden, num_classes: int, name: str) -> keras.Sequential:
     if isinstance(hidden, numbers.Integral) and not isinstance(hidden, bool):
         widths = [check_int("hidden", hidden, low=1)]
     elif isinstance(hidden, (list, tuple)):
@@ -140,13 +158,13 @@ def digits_mlp(hidden: int | Sequence[int] = 50, num_classes: int = 10) -> keras
             f"({type(hidden).__name__})."
         )
     num_classes = check_int("num_classes", num_classes, low=2)
-    layers: list[keras.layers.Layer] = [keras.Input(shape=(64,))]
+    layers: list[keras.layers.Layer] = [keras.Input(shape=(inputs,))]
     layers += [
         keras.layers.Dense(width, activation="relu", name=f"hidden{i + 1}")
         for i, width in enumerate(widths)
     ]
     layers.append(keras.layers.Dense(num_classes, name="logits"))
-    return keras.Sequential(layers, name="digits_mlp")
+    return keras.Sequential(layers, name=name)
 
 
 def logistic_regression(num_features: int, use_bias: bool = True) -> keras.Sequential:

@@ -62,6 +62,10 @@ def test_variant_parameter_counts():
     assert networks.digits_mlp(hidden=()).count_params() == 64 * 10 + 10
     assert networks.logistic_regression(5, use_bias=False).count_params() == 5
     assert networks.emnist_mlp(num_classes=10, hidden_units=20).count_params() == 784 * 20 + 20 + 210
+    wide = networks.image_mlp(hidden=(1000, 1000))
+    assert wide.count_params() == 784 * 1000 + 1000 + 1000 * 1000 + 1000 + 1000 * 10 + 10
+    assert [layer.name for layer in wide.layers] == ["hidden1", "hidden2", "logits"] and wide.name == "image_mlp"
+    assert wide.input_shape == (None, 784)
     lstm = networks.fashion_mnist_lstm()
     assert lstm.get_layer("lstm").count_params() == 80384
 
