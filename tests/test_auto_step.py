@@ -113,6 +113,43 @@ def test_step_size_is_frozen_after_the_adaptation_window():
     assert fresh.sampler.step_size < 0.5 * before
 
 
+class _CappedSGHMC(kt.samplers.SGHMC):
+    """SGHMC with a step-size cap the test sets: the hook CCAdL's noise bound goes through."""
+
+    def __init__(self):
+        super().__init__()
+        self.cap = tf.Variable(1e30)
+
+    def step_size_cap(self, context, params, masses):
+        return tf.convert_to_tensor(self.cap)
+
+
+def test_a_step_size_cap_lowers_the_step_between_measurements_inside_the_window_only():
+    """Inside the window the step follows the cap down at once, never up between curvature
+    measurements; the measurements set it afresh; after the window it is frozen, cap or not."""
+    x, y = _data()
+    sampler = _CappedSGHMC()
+    window = sampler.adaptation_steps
+    model = kt.BayesianModel(testing.linear_regression_net(FEATURES), sampler, num_examples=1000,
+                             prior=kt.priors.Gaussian(PRIOR_STD), seed=0)
+    model.compile(loss="mse", steps_per_execution=10)
+    data = tf.data.Dataset.from_tensors((x, y)).repeat()
+
+    def run(steps):
+        model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0)
+        return model.sampler.step_size
+
+    measured = run(10)  # steps 0-9: measured at step 0, no cap
+    sampler.cap.assign(measured / 10)
+    assert run(10) == pytest.approx(measured / 10, rel=1e-6)  # steps 10-19: capped
+    sampler.cap.assign(1e30)
+    assert run(10) == pytest.approx(measured / 10, rel=1e-6)  # steps 20-29: down only
+    frozen = run(window - 30 + 10)  # through the measurements at W/4, W/2, 3W/4 and W
+    assert frozen > measured / 5
+    sampler.cap.assign(frozen / 10)
+    assert run(20) == frozen
+
+
 def test_auto_round_trips_in_the_config_and_rejects_other_strings():
     sampler = kt.samplers.CCAdL()
     config = sampler.get_config()

@@ -154,8 +154,9 @@ def choose_step_size(sampler, state, force_at, params, context, cross, *, step_s
     of the adaptation window (`measurement_steps(sampler.adaptation_steps)`), measures the
     largest curvature of `M^-1 H` at `params` on the step's minibatch (`force_at(theta)`: its
     force at `theta`), keeps the largest from the window's middle on, and assigns the step size
-    `sampler.auto_step_size` gives for it; at every other step leaves both as they are, so from
-    the end of the window on the step size is frozen. Run before the sampler's update, which
+    `sampler.auto_step_size` gives for it; at every other step leaves both as they are, but
+    inside the window lowers the step size to `sampler.step_size_cap` where that is smaller
+    (CCAdL's noise bound), so from the end of the window on the step size is frozen. Run before the sampler's update, which
     reads `step_size_variable`. Returns the curvature the step size comes from (float32).
 
     A step size the user gave (a float) is only measured against, at the same steps: the model
@@ -188,7 +189,13 @@ def choose_step_size(sampler, state, force_at, params, context, cross, *, step_s
         step_size = tf.cast(sampler.auto_step_size(curvature, context, params, masses), tf.float32)
         # A failed measurement (non-finite, e.g. a diverged force) keeps the last step size.
         measured = tf.logical_and(measure, tf.logical_and(tf.math.is_finite(step_size), step_size > 0))
-        step_size_variable.assign(tf.where(measured, step_size, tf.convert_to_tensor(step_size_variable)))
+        step_size = tf.where(measured, step_size, tf.convert_to_tensor(step_size_variable))
+        cap = sampler.step_size_cap(context, params, masses)
+        if cap is not None:  # between measurements inside the window the step only follows the cap down
+            cap = tf.cast(cap, tf.float32)
+            capped = tf.logical_and(state.step < window, tf.logical_and(tf.math.is_finite(cap), cap > 0))
+            step_size = tf.where(capped, tf.minimum(step_size, cap), step_size)
+        step_size_variable.assign(step_size)
     curvature = tf.where(measured, curvature, tf.convert_to_tensor(curvature_variable))
     curvature_variable.assign(curvature)
     return curvature

@@ -267,6 +267,13 @@ class Sampler:
         del context, params, masses
         return auto_step.step_for_curvature(self, curvature)
 
+    def step_size_cap(self, context: "StepContext", params, masses) -> tf.Tensor | None:
+        """The largest automatic step size this step's own statistics allow during the
+        adaptation window, between its curvature measurements, or None (no cap: the samplers
+        whose stability depends on the curvature alone)."""
+        del context, params, masses
+        return None
+
     # --- settings bound to a model's variables -----------------------------------------------
 
     @classmethod

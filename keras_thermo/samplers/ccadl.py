@@ -158,12 +158,19 @@ class CCAdL(ThermostatSampler):
         `lambda_Sigma >= max_i Sigma_ii` from this minibatch's per-example gradients (a lower
         bound on the eigenvalue, hence the margin)."""
         by_curvature = super().auto_step_size(curvature, context, params, masses)
+        return tf.minimum(by_curvature, self.step_size_cap(context, params, masses))
+
+    def step_size_cap(self, context: StepContext, params, masses) -> tf.Tensor:
+        """`NOISE_FRACTION` of the covariance friction's stability bound on this minibatch
+        (`auto_step_size`). Applied at every step of the adaptation window: a net's per-example
+        gradients grow many-fold as it leaves its initialisation, faster than the curvature
+        measurements come (on real Fashion-MNIST they outgrew the first step's bound within 87
+        steps, and the covariance friction then amplified the momentum until the run diverged)."""
         variances = require_per_example_gradients(context, "CCAdL").diagonal_covariance()
         inverse_mass = [tf.broadcast_to(1.0 / m, p.shape) for m, p in zip(integrators.per_tensor(masses, len(params)), params)]
         largest = force_noise_scale(context) * tf.reduce_max(tf.cast(variances, tf.float32) * _tree.flatten(inverse_mass))
         beta = 1.0 / tf.cast(context.temperature, tf.float32)
-        by_noise = auto_step.NOISE_FRACTION * 2.0 * tf.math.rsqrt(beta * tf.maximum(largest, 1e-30))
-        return tf.minimum(by_curvature, by_noise)
+        return auto_step.NOISE_FRACTION * 2.0 * tf.math.rsqrt(beta * tf.maximum(largest, 1e-30))
 
     def average_weight(self, step: tf.Tensor) -> tf.Tensor:
         """`k_t` (float64) of the step whose state has counter `step`: t = step + 1, counted
