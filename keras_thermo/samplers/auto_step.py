@@ -10,7 +10,9 @@ the integrators oscillate with `omega = sqrt(lambda)`: they are stable only whil
 in that direction and less in every softer one. SGLD's `eps` and TACT-HMC's `eta` are squared
 step sizes (`h^2 / M`), so theirs is `STABILITY_FRACTION^2 / lambda`. CCAdL's explicit
 covariance friction adds its own bound, `h < 2 / sqrt(beta lambda_Sigma)`: its step is also at
-most `NOISE_FRACTION` of that (`CCAdL.auto_step_size`).
+most `NOISE_FRACTION` of that (`CCAdL.auto_step_size`), checked at every step of the adaptation
+window and not only at the curvature measurements (`Sampler.step_size_cap`): a net's gradient
+noise grows many-fold in its first hundred steps from Keras' initialisation.
 
 `lambda` is measured by power iteration with Hessian-vector products from finite differences of
 the force (`largest_curvature`; the fused cross-entropy of TensorFlow has no second derivative,
