@@ -77,11 +77,10 @@ def training_rows(x, validation_split) -> int | None:
     knows it: arrays (less Keras' validation split), or a finite unbatched-size pipeline whose
     batches all have a static size; else None."""
     if isinstance(x, tf.data.Dataset):
-        cardinality = int(x.cardinality())
-        sizes = {leaf.shape[0] for leaf in tf.nest.flatten(x.element_spec) if isinstance(leaf, tf.TensorSpec) and leaf.shape.rank}
-        if cardinality < 0 or len(sizes) != 1 or None in sizes:
+        cardinality, batch_size = int(x.cardinality()), _static_batch_size(x)
+        if cardinality < 0 or batch_size is None:
             return None
-        return cardinality * sizes.pop()
+        return cardinality * batch_size
     leaves = tf.nest.flatten(x) if x is not None else []
     if not leaves or not all(hasattr(leaf, "shape") and len(leaf.shape) > 0 for leaf in leaves):
         return None
@@ -91,13 +90,17 @@ def training_rows(x, validation_split) -> int | None:
     return rows
 
 
+def _static_batch_size(dataset: tf.data.Dataset) -> int | None:
+    """The one static batch size of a pipeline's elements, or None (unknown or mixed)."""
+    sizes = {leaf.shape[0] for leaf in tf.nest.flatten(dataset.element_spec) if isinstance(leaf, tf.TensorSpec) and leaf.shape.rank}
+    return sizes.pop() if len(sizes) == 1 and None not in sizes else None
+
+
 def dropped_remainder(x) -> int:
     """How many examples a batched pipeline may leave out of each pass and still hold
     `num_examples`: fewer than one batch (`drop_remainder=True`); 0 for arrays."""
-    if not isinstance(x, tf.data.Dataset):
-        return 0
-    sizes = {leaf.shape[0] for leaf in tf.nest.flatten(x.element_spec) if isinstance(leaf, tf.TensorSpec) and leaf.shape.rank}
-    return max(0, sizes.pop() - 1) if len(sizes) == 1 and None not in sizes else 0
+    batch_size = _static_batch_size(x) if isinstance(x, tf.data.Dataset) else None
+    return max(0, batch_size - 1) if batch_size else 0
 
 
 def check_num_examples(num_examples: int, rows: int | None, validation_split, slack: int = 0) -> None:

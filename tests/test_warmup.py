@@ -175,19 +175,6 @@ def test_covariance_samplers_without_warmup_are_cold(name):
     assert np.all(ratios < 0.3), ratios
 
 
-def main():
-    print("sampler  warmup  samples  chains  variance ratio (mean +- se)")
-    for name in SAMPLERS:
-        for warmup in (0, 1000):
-            ratios = variance_ratios(name, num_chains=8, num_steps=5000, sample_from=1000, warmup_steps=warmup)
-            error = testing.standard_error(ratios[:, None])[0]
-            print(f"{name:8s} {warmup:6d}  1000-5000  8  {ratios.mean():.3f} +- {error:.3f}", flush=True)
-
-
-if __name__ == "__main__":
-    main()
-
-
 @pytest.mark.parametrize("name", sorted(SAMPLERS))
 def test_no_warmup_with_the_automatic_step_size_runs(name):
     """`warmup_steps=0` at the automatic step size: the first step restarts the chain with the
@@ -201,3 +188,17 @@ def test_no_warmup_with_the_automatic_step_size_runs(name):
     model.compile(loss=kt.losses.GaussianNLL(scale=1.0))
     history = model.fit(x, y, batch_size=BATCH, epochs=3, verbose=0).history
     assert np.all(np.isfinite(history["xi"])) and np.all(np.isfinite(history["loss"])), history
+
+
+def main():
+    print("sampler  warmup  samples  chains  variance ratio (mean +- se)")
+    for name in SAMPLERS:
+        for warmup in (0, 1000):
+            ratios = variance_ratios(name, num_chains=8, num_steps=5000, sample_from=1000, warmup_steps=warmup)
+            error = testing.standard_error(ratios[:, None])[0]
+            print(f"{name:8s} {warmup:6d}  1000-5000  8  {ratios.mean():.3f} +- {error:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
+

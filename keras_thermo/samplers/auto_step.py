@@ -158,8 +158,8 @@ def choose_step_size(sampler, state, force_at, params, context, cross, *, step_s
     force at `theta`), keeps the largest from the window's middle on, and assigns the step size
     `sampler.auto_step_size` gives for it; at every other step leaves both as they are, but
     inside the window lowers the step size to `sampler.step_size_cap` where that is smaller
-    (CCAdL's noise bound), so from the end of the window on the step size is frozen. Run before the sampler's update, which
-    reads `step_size_variable`. Returns the curvature the step size comes from (float32).
+    (CCAdL's noise bound), so from the end of the window on the step size is frozen. Run
+    before the sampler's update, which reads `step_size_variable`. Returns the curvature the step size comes from (float32).
 
     A step size the user gave (a float) is only measured against, at the same steps: the model
     warns when it is above `stability_bound` (`step_size_variable` None).
