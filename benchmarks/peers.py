@@ -2,7 +2,7 @@
 width w and the batch size, each library's step run its own way.
 
     python -m benchmarks.peers --out benchmarks/results/peers [--cells 128x128 2048x128 512x32 512x512]
-        [--libraries keras blackjax posteriors] [--steps 200] [--repeats 5]
+        [--libraries keras blackjax posteriors] [--methods ...] [--steps 200] [--repeats 5]
 
 Methods (the same MLP, ReLU hidden layers, sparse softmax cross-entropy, N = 60,000 so that the
 likelihood weight is realistic, a N(0, 1) prior on every weight):
@@ -61,6 +61,8 @@ CELLS = ("128x128", "2048x128", "512x32", "512x512")
 LIBRARIES = ("keras", "blackjax", "posteriors")
 KERAS_METHODS = ("keras_sgd", "keras_sgld_handwritten", "kt_sgld", "kt_sghmc", "kt_sgnht", "kt_ccadl", "kt_mccadl")
 BASELINE = "keras_sgld_handwritten"
+PEER_METHODS = ("blackjax_sgld", "blackjax_sghmc", "posteriors_sgld", "posteriors_sghmc")
+ALL_METHODS = KERAS_METHODS + PEER_METHODS
 
 
 def parse_cell(text: str) -> tuple[int, int]:
@@ -89,7 +91,7 @@ def random_batches(width_batch: tuple[int, int], seed: int = 0):
 # keras: Keras SGD, the hand-written SGLD step, keras_thermo's samplers
 
 
-def keras_worker(width: int, batch: int, steps: int, repeat: int) -> dict:
+def keras_worker(width: int, batch: int, steps: int, repeat: int, methods=KERAS_METHODS) -> dict:
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     import keras  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
@@ -99,7 +101,11 @@ def keras_worker(width: int, batch: int, steps: int, repeat: int) -> dict:
     import keras_thermo as kt  # noqa: PLC0415
 
     x, y = random_batches((width, batch))
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().prefetch(2)
+    # Autotuning off: its polling held up the end of each `fit` (wall times snapped to 0.31, 0.63,
+    # 1.27, 2.55 s; `benchmarks.step_cost.make_dataset`). The batches are cached: nothing to tune.
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).cache().repeat().with_options(options)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     def net():
@@ -141,7 +147,7 @@ def keras_worker(width: int, batch: int, steps: int, repeat: int) -> dict:
         "kt_mccadl": lambda: kt.samplers.MCCAdL(STEP_SIZE),
     }
     models = {}
-    for method in KERAS_METHODS:
+    for method in methods:
         if method == "keras_sgd":
             model = net()
             model.compile(optimizer=keras.optimizers.SGD(1e-3), loss=loss, steps_per_execution=STEPS_PER_EXECUTION)
@@ -179,7 +185,7 @@ def keras_worker(width: int, batch: int, steps: int, repeat: int) -> dict:
 # blackjax (JAX)
 
 
-def blackjax_worker(width: int, batch: int, steps: int, repeat: int) -> dict:
+def blackjax_worker(width: int, batch: int, steps: int, repeat: int, methods=None) -> dict:
     import blackjax  # noqa: PLC0415
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
@@ -228,7 +234,7 @@ def blackjax_worker(width: int, batch: int, steps: int, repeat: int) -> dict:
         return chain
 
     results = {}
-    for method in kernels:
+    for method in [m for m in kernels if methods is None or m in methods]:
         chain = run(method, steps)
         jax.block_until_ready(chain(params, jax.random.PRNGKey(1)))  # compilation and first execution
         jax.block_until_ready(chain(params, jax.random.PRNGKey(2)))
@@ -245,7 +251,7 @@ def blackjax_worker(width: int, batch: int, steps: int, repeat: int) -> dict:
 # posteriors (PyTorch)
 
 
-def posteriors_worker(width: int, batch: int, steps: int, repeat: int) -> dict:
+def posteriors_worker(width: int, batch: int, steps: int, repeat: int, methods=None) -> dict:
     import posteriors  # noqa: PLC0415
     import torch  # noqa: PLC0415
 
@@ -276,6 +282,8 @@ def posteriors_worker(width: int, batch: int, steps: int, repeat: int) -> dict:
     }
     results = {}
     for method, transform in transforms.items():
+        if methods is not None and method not in methods:
+            continue
         state = transform.init({k: v.clone() for k, v in start_params.items()})
         for i in range(2 * STEPS_PER_EXECUTION):  # warm-up
             state, _ = transform.update(state, batches[i % DISTINCT_BATCHES])
@@ -299,10 +307,10 @@ def installed(library: str) -> bool:
     return importlib.util.find_spec(REQUIRES[library]) is not None
 
 
-def run_worker(library: str, width: int, batch: int, steps: int, repeat: int) -> dict:
+def run_worker(library: str, width: int, batch: int, steps: int, repeat: int, methods) -> dict:
     """One worker process; returns its `{method: ms per step}` or `{"error": ...}`."""
     command = [sys.executable, "-m", "benchmarks.peers", "--worker", library, "--cells", f"{width}x{batch}",
-               "--steps", str(steps), "--repeat-index", str(repeat)]
+               "--steps", str(steps), "--repeat-index", str(repeat), "--methods", *methods]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": "tensorflow"}
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parent.parent)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -363,6 +371,8 @@ def main(argv=None) -> int:
     parser.add_argument("--libraries", nargs="+", default=list(LIBRARIES), choices=LIBRARIES)
     parser.add_argument("--steps", type=int, default=200, help="timed steps per method and repetition")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--methods", nargs="+", default=list(ALL_METHODS), choices=ALL_METHODS,
+                        help=f"the methods to time (default all; {BASELINE} is always timed, every ratio is to it)")
     parser.add_argument("--worker", choices=LIBRARIES, help=argparse.SUPPRESS)
     parser.add_argument("--repeat-index", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -371,11 +381,15 @@ def main(argv=None) -> int:
         parser.error(f"--steps and --repeats must be positive, got {args.steps} and {args.repeats}")
     if args.worker:
         width, batch = cells[0]
-        print(json.dumps(WORKERS[args.worker](width, batch, args.steps, args.repeat_index)), flush=True)
+        methods = [m for m in ALL_METHODS if m in args.methods or m == BASELINE]
+        if args.worker == "keras":
+            methods = [m for m in methods if m in KERAS_METHODS]
+        print(json.dumps(WORKERS[args.worker](width, batch, args.steps, args.repeat_index, methods)), flush=True)
         return 0
 
-    available = [lib for lib in args.libraries if installed(lib)]
-    missing = {lib: f"{lib} not installed (pip install -e '.[peers]')" for lib in args.libraries if lib not in available}
+    libraries = [lib for lib in args.libraries if lib == "keras" or any(m.startswith(lib) for m in args.methods)]
+    available = [lib for lib in libraries if installed(lib)]
+    missing = {lib: f"{lib} not installed (pip install -e '.[peers]')" for lib in libraries if lib not in available}
     report = {
         "command": "python -m benchmarks.peers " + " ".join(sys.argv[1:] if argv is None else argv),
         "protocol": {
@@ -398,7 +412,7 @@ def main(argv=None) -> int:
             shift = repeat % len(available)
             merged = {}
             for library in available[shift:] + available[:shift]:
-                figures = run_worker(library, width, batch, args.steps, repeat)
+                figures = run_worker(library, width, batch, args.steps, repeat, args.methods)
                 if "error" in figures:
                     missing[library] = f"{library} failed: {figures['error']}"
                     print(f"{name} repeat {repeat}: {library} failed: {figures['error']}", flush=True)

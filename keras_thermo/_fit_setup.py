@@ -15,7 +15,7 @@ from keras_thermo import equilibration as kt_equilibration
 from keras_thermo._distribute import symbolic_inputs
 from keras_thermo._recording import RecordingCallback
 from keras_thermo.samplers import auto_step
-from keras_thermo.step import COLLAPSED_RELATIVE_SPREAD
+from keras_thermo._step_checks import COLLAPSED_RELATIVE_SPREAD
 
 
 def first_batch_inputs(x, y, batch_size):

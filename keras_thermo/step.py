@@ -23,6 +23,7 @@ from keras_thermo import chains as kt_chains
 from keras_thermo import per_example as kt_per_example
 from keras_thermo import samplers as kt_samplers
 from keras_thermo._distribute import CrossReplica, replica_local_variable
+from keras_thermo._step_checks import COLLAPSED_RELATIVE_SPREAD, all_finite, output_spread  # noqa: F401 (public here)
 from keras_thermo.temperatures import configurational_temperature, variable_configurational_temperatures
 
 
@@ -42,35 +43,6 @@ class SamplerCollapsedError(SamplerDivergedError):
     """Raised by `fit` when the net's outputs became the same for every example of a batch
     whose inputs differ (a ReLU layer inactive on the whole batch, a saturated layer): a chain
     there has lost what it learned and rarely comes back. The model keeps the state it reached."""
-
-
-#: Outputs whose spread over a batch is below this fraction of their size count as identical:
-#: identical rows pushed through matrix products differ by a few float32 roundings (~1e-7).
-COLLAPSED_RELATIVE_SPREAD = 1e-5
-
-
-def output_spread(x, y_pred) -> tf.Tensor:
-    """How much the net's outputs differ across the batch, relative to their size: the largest
-    range (max - min over the batch) of any output unit over `1 + max |output|`. NaN when the
-    inputs are identical across the batch (or the batch has one example): then equal outputs say
-    nothing."""
-
-    def rows(tree):
-        leaves = [tf.convert_to_tensor(t) for t in tf.nest.flatten(tree) if t is not None]
-        return [
-            tf.reshape(tf.cast(t, tf.float32), [tf.shape(t)[0], -1]) for t in leaves
-            if t.dtype.is_floating or t.dtype.is_integer
-        ]
-
-    def largest_range(tensors):
-        return tf.reduce_max(tf.stack([tf.reduce_max(tf.reduce_max(t, 0) - tf.reduce_min(t, 0)) for t in tensors]))
-
-    outputs = rows(y_pred)
-    size = tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(t)) for t in outputs]))
-    spread = largest_range(outputs) / (1.0 + size)
-    inputs = rows(x)
-    inputs_differ = largest_range(inputs) > 0 if inputs else tf.constant(True)
-    return tf.where(inputs_differ, spread, tf.constant(float("nan")))
 
 
 class _Runtime:
@@ -102,22 +74,10 @@ class _Runtime:
         self.last_step_size_limit = None
 
 
-def all_finite(tensors) -> tf.Tensor:
-    """Whether every entry of every float tensor is finite (a boolean scalar).
-
-    `0 * t` is 0 for finite `t` and NaN for an infinite or NaN entry, so one sum per tensor,
-    cast to float64 (NaN stays NaN), answers it: the same answer as
-    `reduce_all(is_finite(t))` with arithmetic reductions, which on a CPU cost a fraction of
-    the boolean ones (`python -m benchmarks.lab.step_pieces`).
-
-    Example:
-        >>> bool(all_finite([tf.constant([1.0, -2.0]), tf.constant(3.0, tf.float64)]))
-        True
-        >>> bool(all_finite([tf.constant([1.0, float("inf")])]))
-        False
-    """
-    sums = [tf.cast(tf.reduce_sum(tensor * tf.zeros([], tensor.dtype)), tf.float64) for tensor in tensors]
-    return tf.math.is_finite(tf.add_n(sums))
+def _negative_gradient(tape: tf.GradientTape, target: tf.Tensor, sources) -> list:
+    """`-grad target` (None where `target` does not depend on a source): the backward pass
+    started from -1 instead of 1, so the force costs no pass over the weights of its own."""
+    return tape.gradient(target, sources, output_gradients=-tf.ones_like(target))
 
 
 def _chain_mean(values: list) -> tf.Tensor:
@@ -194,20 +154,17 @@ class SamplingStep:
             )
             count = tf.cast(tf.shape(tf.nest.flatten(y_pred)[0])[0], tf.float32)
             data_scale = tf.cast(self.likelihood_weight, tf.float32) / count
-            rest_gradients = tape.gradient(rest, variables) if rest is not None else [None] * len(variables)
-            gradients = [
-                data_scale * tf.cast(g, tf.float32) + (tf.cast(r, tf.float32) if r is not None else 0.0)
-                for g, r in zip(sums, rest_gradients)
+            rest_force = _negative_gradient(tape, rest, variables) if rest is not None else [None] * len(variables)
+            force = [
+                -data_scale * tf.cast(g, tf.float32) + (tf.cast(r, tf.float32) if r is not None else 0.0)
+                for g, r in zip(sums, rest_force)
             ]
-            gradients = [tf.cast(g, v.dtype) for g, v in zip(gradients, variables)]
+            force = [tf.cast(f, v.dtype) for f, v in zip(force, variables)]
         else:
-            gradients = tape.gradient(potential, variables)
+            force = _negative_gradient(tape, potential, variables)
             if self.sampler.needs_per_example_gradients:
                 per_example = self._per_example_gradients(x, y, sample_weight, cross, recording, y_pred, wrt)
-        force = [
-            -tf.convert_to_tensor(g) if g is not None else tf.zeros_like(v)
-            for g, v in zip(gradients, variables)
-        ]
+        force = [tf.convert_to_tensor(f) if f is not None else tf.zeros_like(v) for f, v in zip(force, variables)]
         return force, potential, loss, y_pred, per_example
 
     def train_step(self, data):
@@ -242,6 +199,7 @@ class SamplingStep:
                 step_size_variable=self.sampler._step_size_variable if self.sampler.is_auto_step_size else None,
                 curvature_variable=self._curvature_variable,
             )
+        per_variable = [r for r in self._runtime.temperature_recorders if not r.whole_net]
         results = []
         for k in chains:
             context = kt_samplers.StepContext(
@@ -252,8 +210,11 @@ class SamplingStep:
                 seed=self.chain_seeds[k],
                 per_example_gradients=per_example[k],
             )
-            results.append(self.sampler.update(self._chain_state(state, k), params[k], force[k], context))
-        new_params, chain_states, diagnostics = (list(column) for column in zip(*results))
+            results.append(self._chain_update(self._chain_state(state, k), params[k], force[k], context,
+                                              per_variable=bool(per_variable)))
+        new_params, chain_states, diagnostics, variable_temperatures, whole_net_configurational, finite = (
+            list(column) for column in zip(*results)
+        )
         new_state = self._stacked_state(chain_states)
 
         # Chain 0 in the net's variables, chains 1..C-1 in the chain variables.
@@ -263,8 +224,8 @@ class SamplingStep:
         values = list(new_params[0]) + [
             tf.stack([new_params[k][i] for k in chains][1:]) for i in range(len(self._chain_variables))
         ] + new_leaves
-        checked = [p for chain in new_params for p in chain] + [t for t in new_leaves if t.dtype.is_floating]
-        ok = self._assign_if_finite(targets, values, checked + potential, state.step, cross, uneven)
+        finite = tf.reduce_all(tf.stack(finite + [all_finite(potential)]))
+        ok = self._assign_if_finite(targets, values, finite, state.step, cross, uneven)
         if self._prior_state_variables:
             self._update_prior_state(new_state.step, self.sampler.parameter_temperature(chain_states[0], temperature), cross)
         if self._runtime.recorders:
@@ -274,23 +235,12 @@ class SamplingStep:
             recorded = self._stacked_params() if self.num_chains > 1 else variables  # read after the assignment
             for recorder in self._runtime.recorders:
                 recorder.maybe_record(completed, is_sample, recorded)
-        whole_net_configurational = None
         if self._runtime.temperature_recorders:
             weight = tf.stack([self._temperature_weight(self._chain_state(state, k)) for k in chains])
-            per_variable = [r for r in self._runtime.temperature_recorders if not r.whole_net]
             if per_variable:
-                kinetic, configurational = (tf.stack(column) for column in zip(*[
-                    self._variable_temperatures(chain_states[k], params[k], new_params[k], force[k]) for k in chains
-                ]))
+                kinetic, configurational = (tf.stack(column) for column in zip(*variable_temperatures))
                 for recorder in per_variable:
                     recorder.record(weight, tf.unstack(kinetic, axis=1), tf.unstack(configurational, axis=1))
-                # The logged whole-net value from the same sums (no second pass over the weights).
-                sizes = tf.constant([float(np.prod(p.shape)) for p in params[0]], tf.float64)
-                whole_net_configurational = [
-                    tf.cast(tf.reduce_sum(configurational[k] * sizes) / tf.reduce_sum(sizes), tf.float32) for k in chains
-                ]
-            else:
-                whole_net_configurational = [configurational_temperature(p, f) for p, f in zip(params, force)]
             whole_net = [r for r in self._runtime.temperature_recorders if r.whole_net]
             if whole_net:  # the logged values themselves: nothing more to compute
                 kinetic = tf.stack([tf.cast(d["kinetic_temperature"], tf.float64) for d in diagnostics])
@@ -310,9 +260,7 @@ class SamplingStep:
             logs["temperature"] = temperature
         if self._curvature_variable is not None:
             logs["curvature"] = tf.convert_to_tensor(self._curvature_variable)
-        per_chain_logs = {"configurational_temperature": whole_net_configurational or [
-            configurational_temperature(p, f) for p, f in zip(params, force)
-        ]}
+        per_chain_logs = {"configurational_temperature": whole_net_configurational}
         for name in diagnostics[0]:
             per_chain_logs[name] = [d[name] for d in diagnostics]
         for name, values in per_chain_logs.items():
@@ -321,6 +269,25 @@ class SamplingStep:
                 logs.update({kt_chains.chain_log_name(name, k): values[k] for k in chains})
         return cross.per_worker_logs(logs)  # Keras' multi-worker reduction needs vectors
 
+    def _chain_update(self, state, params, force, context, *, per_variable: bool):
+        """One chain's update and what the step reads of it: `(new params, new state,
+        diagnostics, (kinetic [V], configurational [V]) or None, whole-net configurational
+        temperature, whether the new params and state are finite)`; the per-variable
+        temperatures only for `per_variable` (an `EquilibrationCheck` that judges each variable).
+        Each is one reduction over arrays the update has just computed."""
+        new_params, new_state, diagnostics = self.sampler.update(state, params, force, context)
+        temperatures = None
+        if per_variable:
+            temperatures = self._variable_temperatures(new_state, params, new_params, force)
+            # The logged whole-net value from the same sums (no second pass over the weights).
+            sizes = tf.constant([float(np.prod(p.shape)) for p in params], tf.float64)
+            configurational = tf.cast(tf.reduce_sum(temperatures[1] * sizes) / tf.reduce_sum(sizes), tf.float32)
+        else:
+            configurational = configurational_temperature(params, force)
+        leaves = [t for t in tf.nest.flatten(new_state) if t.dtype.is_floating]
+        finite = all_finite(list(new_params) + leaves)
+        return new_params, new_state, diagnostics, temperatures, configurational, finite
+
     def _force_at(self, theta, batch) -> list[tf.Tensor]:
         """The force of `batch` with the trainable variables at `theta` (this replica's share;
         nothing the pass writes is kept)."""
@@ -328,7 +295,7 @@ class SamplingStep:
             tape.watch(theta)
             with keras.StatelessScope(state_mapping=list(zip(self.trainable_variables, theta))):
                 potential, _, _ = self.compute_potential(*batch)
-        return [-g if g is not None else tf.zeros_like(t) for g, t in zip(tape.gradient(potential, theta), theta)]
+        return [f if f is not None else tf.zeros_like(t) for f, t in zip(_negative_gradient(tape, potential, theta), theta)]
 
     def _chain_params(self) -> list[list[tf.Tensor]]:
         """Every chain's weights as tensors, one list per chain (chain 0: the net's own)."""
@@ -420,8 +387,8 @@ class SamplingStep:
                 tape.watch(chain_params)
                 with keras.StatelessScope(state_mapping=list(zip(variables, chain_params))):
                     potential, loss, y_pred = self.compute_potential(x, y, sample_weight)
-            gradients = tape.gradient(potential, chain_params)
-            force = [-tf.convert_to_tensor(g) if g is not None else tf.zeros_like(p) for g, p in zip(gradients, chain_params)]
+            force = [tf.convert_to_tensor(f) if f is not None else tf.zeros_like(p)
+                     for f, p in zip(_negative_gradient(tape, potential, chain_params), chain_params)]
             return force, tf.cast(potential, tf.float32), loss, y_pred
 
         stacked_params = [tf.stack(column) for column in zip(*params)]
@@ -487,17 +454,25 @@ class SamplingStep:
         applied = self._runtime.diverged_at < 0
         cross.assign(self._prior_state_variables, [tf.where(applied, new, old) for new, old in zip(updated, current)])
 
-    def _assign_if_finite(self, targets, values, checked, step, cross, uneven) -> tf.Tensor:
-        """Assigns `values` to `targets` unless any of `checked` is non-finite or the batch did
-        not split over the chains (`uneven` its size, else -1); then nothing moves, and
-        `diverged_at` keeps `step` (or `uneven_batch` the batch size). Returns whether they were
-        assigned."""
+    def _assign_if_finite(self, targets, values, finite, step, cross, uneven) -> tf.Tensor:
+        """Assigns `values` to `targets` unless `finite` (a boolean scalar: whether every value
+        the step computed is finite) is false or the batch did not split over the chains
+        (`uneven` its size, else -1); then nothing moves, and `diverged_at` keeps `step` (or
+        `uneven_batch` the batch size). Returns whether they were assigned."""
         runtime = self._runtime
-        finite = all_finite(checked)
         even = uneven < 0
         healthy = tf.logical_and(runtime.diverged_at < 0, runtime.uneven_batch < 0)
         ok = tf.logical_and(tf.logical_and(finite, even), healthy)
-        cross.assign(targets, [tf.where(ok, value, target) for target, value in zip(targets, values)])
+        if cross.num_replicas == 1:
+            # Assigned under a condition: a `tf.where(ok, value, target)` per variable would read
+            # and write every weight-sized array once more (`benchmarks.peers`).
+            def assign():
+                cross.assign(targets, values)
+                return tf.constant(True)
+
+            tf.cond(ok, assign, lambda: tf.constant(False))
+        else:  # replicas write their own copies inside a cross-replica call: no condition there
+            cross.assign(targets, [tf.where(ok, value, target) for target, value in zip(targets, values)])
         runtime.diverged_at.assign(
             tf.where(tf.logical_and(tf.logical_not(finite), healthy), tf.cast(step, tf.int64), runtime.diverged_at)
         )
