@@ -3,6 +3,7 @@ width w and the batch size, each library's step run its own way.
 
     python -m benchmarks.peers --out benchmarks/results/peers [--cells 128x128 2048x128 512x32 512x512]
         [--libraries keras blackjax posteriors] [--methods ...] [--steps 200] [--repeats 5]
+    python -m benchmarks.peers --table-from benchmarks/results/peers/peers.json
 
 Methods (the same MLP, ReLU hidden layers, sparse softmax cross-entropy, N = 60,000 so that the
 likelihood weight is realistic, a N(0, 1) prior on every weight):
@@ -30,7 +31,8 @@ of the same repetition for the peers). A library that is not installed is report
 installs them.
 
 Writes `<out>/peers.json` (every repetition's figures, the medians, the environment) and
-`<out>/table.md`.
+`<out>/table.md`, both rewritten after every repetition (a run stopped early keeps what it
+measured; each figure says over how many repetitions it is the median).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ THREADS = 2
 #: chain diverges on random data over the timed steps (the cost of a step does not depend on it).
 STEP_SIZE = 1e-5
 #: The width x batch cells of the sweep.
-CELLS = ("128x128", "2048x128", "512x32", "512x512")
+CELLS = ("128x128", "512x32", "512x512", "2048x128")
 LIBRARIES = ("keras", "blackjax", "posteriors")
 KERAS_METHODS = ("keras_sgd", "keras_sgld_handwritten", "kt_sgld", "kt_sghmc", "kt_sgnht", "kt_ccadl", "kt_mccadl")
 BASELINE = "keras_sgld_handwritten"
@@ -347,6 +349,9 @@ def markdown(report: dict) -> str:
         "",
         "| method | " + " | ".join(f"width {c.split('x')[0]}, batch {c.split('x')[1]}" for c in cells) + " |",
         "|---|" + "---:|" * len(cells),
+        "| repetitions | " + " | ".join(
+            str(max((f["repetitions"] for f in report["cells"][c]["summary"].values()), default=0)) for c in cells
+        ) + " |",
     ]
     for method in methods:
         row = []
@@ -373,9 +378,16 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--methods", nargs="+", default=list(ALL_METHODS), choices=ALL_METHODS,
                         help=f"the methods to time (default all; {BASELINE} is always timed, every ratio is to it)")
+    parser.add_argument("--table-from", metavar="PEERS_JSON",
+                        help="only rewrite table.md beside an earlier run's peers.json (and print it)")
     parser.add_argument("--worker", choices=LIBRARIES, help=argparse.SUPPRESS)
     parser.add_argument("--repeat-index", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.table_from:
+        table = markdown(json.loads(Path(args.table_from).read_text()))
+        (Path(args.table_from).parent / "table.md").write_text(table)
+        print(table, end="")
+        return 0
     cells = [parse_cell(c) for c in args.cells]
     if args.steps <= 0 or args.repeats <= 0:
         parser.error(f"--steps and --repeats must be positive, got {args.steps} and {args.repeats}")
@@ -405,9 +417,12 @@ def main(argv=None) -> int:
         "cells": {},
     }
     start = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     for width, batch in cells:
         name = f"{width}x{batch}"
         repetitions = []
+        report["cells"][name] = {"repetitions": repetitions}
         for repeat in range(args.repeats):
             shift = repeat % len(available)
             merged = {}
@@ -420,13 +435,11 @@ def main(argv=None) -> int:
                 merged.update(figures)
             repetitions.append(merged)
             print(f"{name} repeat {repeat}: " + ", ".join(f"{m} {v:.3g}" for m, v in merged.items()), flush=True)
-        report["cells"][name] = {"repetitions": repetitions, "summary": summarize(repetitions),
-                                 "skipped": {lib: why for lib, why in missing.items()}}
-    report["seconds"] = time.perf_counter() - start
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "peers.json").write_text(json.dumps(report, indent=1))
-    (out / "table.md").write_text(markdown(report))
+            # Written after every repetition, so a run stopped early keeps what it measured.
+            report["cells"][name].update(summary=summarize(repetitions), skipped=dict(missing))
+            report["seconds"] = time.perf_counter() - start
+            (out / "peers.json").write_text(json.dumps(report, indent=1))
+            (out / "table.md").write_text(markdown(report))
     print(markdown(report))
     return 0
 
