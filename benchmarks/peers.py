@@ -324,7 +324,8 @@ def run_worker(library: str, width: int, batch: int, steps: int, repeat: int, me
 def summarize(repetitions: list[dict]) -> dict:
     """Per method: the median ms per step, and the median ratio to the baseline of the same
     repetition."""
-    methods = sorted({m for r in repetitions for m in r if isinstance(r[m], float)})
+    timed = {m for r in repetitions for m in r if isinstance(r[m], float)}
+    methods = [m for m in ALL_METHODS if m in timed] + sorted(timed - set(ALL_METHODS))
     summary = {}
     for method in methods:
         times = [r[method] for r in repetitions if isinstance(r.get(method), float)]
@@ -340,9 +341,8 @@ def summarize(repetitions: list[dict]) -> dict:
 
 def markdown(report: dict) -> str:
     cells = list(report["cells"])
-    methods = []
-    for cell in cells:
-        methods += [m for m in report["cells"][cell]["summary"] if m not in methods]
+    timed = {m for cell in cells for m in report["cells"][cell]["summary"]}
+    methods = [m for m in ALL_METHODS if m in timed] + sorted(timed - set(ALL_METHODS))
     lines = [
         "Milliseconds per step (median over repetitions), and in brackets the median ratio to the "
         "hand-written Keras SGLD step of the same repetition.",
