@@ -212,7 +212,7 @@ class SamplingStep:
             )
             results.append(self._chain_update(self._chain_state(state, k), params[k], force[k], context,
                                               per_variable=bool(per_variable)))
-        new_params, chain_states, diagnostics, variable_temperatures, whole_net_configurational, finite = (
+        new_params, chain_states, diagnostics, variable_temperatures, whole_net_configurational, chain_finite = (
             list(column) for column in zip(*results)
         )
         new_state = self._stacked_state(chain_states)
@@ -224,7 +224,7 @@ class SamplingStep:
         values = list(new_params[0]) + [
             tf.stack([new_params[k][i] for k in chains][1:]) for i in range(len(self._chain_variables))
         ] + new_leaves
-        finite = tf.reduce_all(tf.stack(finite + [all_finite(potential)]))
+        finite = tf.reduce_all(tf.stack(chain_finite + [all_finite(potential)]))
         ok = self._assign_if_finite(targets, values, finite, state.step, cross, uneven)
         if self._prior_state_variables:
             self._update_prior_state(new_state.step, self.sampler.parameter_temperature(chain_states[0], temperature), cross)

@@ -11,13 +11,15 @@ per step), next to the Keras SGD step (`fit`, median per step) of the same round
 * `noise_draw`: `keras_thermo.random.normal_like` of the variables (what every noisy sampler
   draws per step; SGNHT's symmetric integrator and TACT-HMC draw twice);
 * `finite_check_boolean`: `reduce_all(is_finite(t))` per tensor, the check before;
-* `finite_check_sum`: `keras_thermo.model.all_finite`, the check now (same answer);
+* `finite_check_sum`: `keras_thermo.model.all_finite`, the check now (a plain sum per tensor
+  since the step's pass cuts; the committed `step_pieces.json` timed its earlier `sum(0 * t)`);
 * `configurational_temperature_float64_products`: `-theta . F / Nd` with both factors cast to
   float64 (the log before);
 * `configurational_temperature`: `keras_thermo.model.configurational_temperature` (now: float32
   products summed in float64);
 * `kinetic_energy`: `p . p` in float32 (the kinetic temperature and the thermostat's input);
-* `guarded_assign_select`: one `tf.where(ok, new, old)` per variable, as the NaN guard applies.
+* `guarded_assign_select`: one `tf.where(ok, new, old)` per variable, as the NaN guard applied
+  it before (now only under a distribution strategy; one replica assigns under `tf.cond`).
 
 The tensors checked are the weights and one momentum-sized tensor (SGHMC, SGNHT: weights and
 momenta).
