@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from keras_thermo._distribute import is_distributed, replica_local_variable
 from keras_thermo._validation import check_int
+from keras_thermo.equilibration import furthest_miss
 
 
 class ParameterRecorder:
@@ -200,10 +201,11 @@ class RecordingCallback(keras.callbacks.Callback):
         report = getattr(self.model, "temperature_report", lambda: None)()
         if not self._recorded_this_fit or report is None or report["equilibrated"] is not False:
             return
-        figure = report["overall"]["configurational"]
+        # The comparison furthest out of band: the whole net's may be in band when a variable is not.
+        where, kind, figure = furthest_miss(report) or ("the whole net", "configurational", report["overall"]["configurational"])
         warnings.warn(
             f"{type(self).__name__} recorded {self._recorded_this_fit} samples in this fit from a "
-            "chain that is not at its temperature (configurational temperature "
+            f"chain that is not at its temperature (the {kind} temperature of {where}: "
             f"{figure['mean']:.4g} +- {figure['standard_error']:.2g} for T = {report['temperature']:g} "
             "after the burn-in): its averages are not the posterior's. See the temperature "
             "check's warning for the cause.",

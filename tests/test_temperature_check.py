@@ -73,6 +73,30 @@ def test_a_cold_run_warns_once_with_its_cause_and_so_does_its_collector(seed):
     assert "temperature_check=False" in check_messages[0]
     collector_messages = [m for m in messages if m.startswith("SampleCollector recorded")]
     assert len(collector_messages) == 1, messages
+    assert "temperature of the whole net" in collector_messages[0]
+
+
+def test_a_collector_names_the_variable_furthest_off_when_the_whole_net_is_in_band():
+    """A check that judges every variable can find the run out of band through one variable
+    alone: the collector's warning quotes that variable's figure, not the whole net's."""
+    def entry(mean, in_band):
+        return {"mean": mean, "standard_error": 0.01, "in_band": in_band}
+
+    report = {
+        "temperature": 1.0, "equilibrated": False,
+        "overall": {"kinetic": entry(1.01, True), "configurational": entry(1.03, True)},
+        "variables": [{"name": "dense/kernel", "kinetic": entry(1.0, True), "configurational": entry(1.12, False)}],
+    }
+
+    class Reporting:
+        def temperature_report(self):
+            return report
+
+    collector = kt.callbacks.SampleCollector(burn_in_steps=0)
+    collector.set_model(Reporting())
+    collector._recorded_this_fit = 3
+    with pytest.warns(UserWarning, match=r"configurational temperature of 'dense/kernel': 1\.12 \+- 0\.01"):
+        collector._warn_if_not_at_temperature()
 
 
 def test_the_check_can_be_turned_off_and_round_trips_in_the_config():
