@@ -174,9 +174,10 @@ def test_sampler_state_lives_in_non_trainable_variables_created_once():
     model.compile(loss="mse")
     model.fit(x, y, batch_size=16, epochs=1, verbose=0)
     count = len(model.non_trainable_variables)
-    # step + one momentum per trainable variable + xi + the warm-up's heat, then the temperature,
-    # the sampler's settings (step size, friction, thermal mass) and the measured curvature
-    assert count == 1 + len(model.trainable_variables) + 2 + 1 + len(model.sampler.setting_values()) + 1
+    # step + one momentum per trainable variable + xi + the warm-up's heat + the last step's A,
+    # then the temperature, the sampler's settings (step size, friction, thermal mass) and the
+    # measured curvature
+    assert count == 1 + len(model.trainable_variables) + 3 + 1 + len(model.sampler.setting_values()) + 1
     assert sorted(model.sampler.setting_values()) == ["friction", "step_size", "thermal_mass"]
     model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[kt.callbacks.SampleCollector()])
     assert len(model.non_trainable_variables) == count

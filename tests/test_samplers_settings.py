@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import keras_thermo as kt
+from keras_thermo import testing
 from keras_thermo.samplers.base import StepContext
 
 from helpers import tanh_net
@@ -169,3 +170,49 @@ def test_friction_set_between_fits_takes_effect_and_is_saved(tmp_path):
     fresh, _ = _fit_twice(kt.BayesianModel, None)
     fresh.load_weights(path)
     assert fresh.sampler.friction == 50.0
+
+
+# --- the thermostat follows a change of A -------------------------------------------------------
+
+LINEAR_N, LINEAR_D = 2000, 5
+
+
+def _linear_model(sampler, seed=0):
+    keras.utils.set_random_seed(seed)
+    model = kt.BayesianModel(testing.linear_regression_net(LINEAR_D), sampler, num_examples=LINEAR_N,
+                             prior=kt.priors.Gaussian(std=10**0.5), seed=seed)
+    model.compile(loss=kt.losses.GaussianNLL(scale=1.0), steps_per_execution=100)
+    return model
+
+
+def _linear_fit(model, steps, steps_per_epoch=1000):
+    x, y = testing.linear_regression_data(LINEAR_N, LINEAR_D, seed=0)
+    return model.fit(x, y, batch_size=1000, epochs=steps // steps_per_epoch, steps_per_epoch=steps_per_epoch, verbose=0)
+
+
+@pytest.mark.parametrize("cls", [kt.samplers.SGNHT, kt.samplers.CCAdL, kt.samplers.MCCAdL])
+def test_xi_moves_with_the_friction_when_the_step_size_is_cut_between_fits(cls):
+    """`friction=None` gives `A = 0.01 / h`: halving h between fits doubles A, and xi moves by
+    the same amount at the next step (it keeps its excess over A), instead of crawling there by
+    about `h (K / T - 1)` per step (the test can fail: left alone, xi moves by less than 0.05)."""
+    model = _linear_model(cls(step_size=2e-3, warmup_steps=0))
+    _linear_fit(model, 2000)
+    xi_before, a_before = float(model.sampler_state().xi), 0.01 / 2e-3
+    model.sampler.step_size = 1e-3
+    model.compile(loss=kt.losses.GaussianNLL(scale=1.0), steps_per_execution=1)
+    _linear_fit(model, 1, steps_per_epoch=1)
+    state = model.sampler_state()
+    assert float(state.friction) == pytest.approx(0.01 / 1e-3, rel=1e-6)
+    # One step of the D update moves xi by h (K - Nd T) / mu: a few 1e-3 at most here.
+    assert float(state.xi) == pytest.approx(xi_before + (0.01 / 1e-3 - a_before), abs=0.05)
+
+
+def test_a_step_size_cut_between_fits_keeps_sgnht_at_temperature():
+    """After the cut the default temperature check finds the chain at T over 6,000 steps; with xi
+    left at the old A (the behaviour before `follow_friction`) the same run ends hot and out of
+    band, since xi needs tens of thousands of steps to reach the new A."""
+    model = _linear_model(kt.samplers.SGNHT(step_size=2e-3))
+    _linear_fit(model, 5000)
+    model.sampler.step_size = 1e-3
+    history = _linear_fit(model, 6000)
+    assert history.history["equilibrated"][-1] == 1.0, model.temperature_report()

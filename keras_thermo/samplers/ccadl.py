@@ -59,6 +59,7 @@ class CCAdLState(NamedTuple):
     xi: tf.Tensor
     covariance: list | tf.Tensor
     preconditioner: tuple = ()
+    friction: tf.Tensor = 0.0  # A of the last step (`ThermostatSampler.follow_friction`), float64
 
 
 @keras.saving.register_keras_serializable(package="keras_thermo")
@@ -149,7 +150,7 @@ class CCAdL(ThermostatSampler):
         momentum, xi = self.initial_momentum_and_xi(params, temperature=temperature, seed=seed)
         return CCAdLState(
             step=tf.constant(0, tf.int64), momentum=momentum, xi=xi, covariance=average,
-            preconditioner=self.init_preconditioner(params),
+            preconditioner=self.init_preconditioner(params), friction=xi,
         )
 
     def auto_step_size(self, curvature, context: StepContext, params, masses) -> tf.Tensor:
@@ -275,7 +276,8 @@ class CCAdL(ThermostatSampler):
             "step_size_limit": tf.sqrt(4.0 / (beta * tf.maximum(largest, 1e-30))),
         }
         new_state = CCAdLState(
-            step=state.step + 1, momentum=momentum, xi=xi, covariance=average, preconditioner=preconditioner
+            step=state.step + 1, momentum=momentum, xi=xi, covariance=average, preconditioner=preconditioner,
+            friction=state.friction,
         )
         return new_params, new_state, diagnostics
 

@@ -44,6 +44,7 @@ class MCCAdLState(NamedTuple):
     momentum: list
     xi: tf.Tensor
     preconditioner: tuple = ()
+    friction: tf.Tensor = 0.0  # A of the last step (`ThermostatSampler.follow_friction`), float64
 
 
 class ScaledColumns(CenteredRows):
@@ -203,7 +204,8 @@ class MCCAdL(ThermostatSampler):
     def init(self, params: Sequence[tf.Tensor], *, temperature: float, seed: int) -> MCCAdLState:
         momentum, xi = self.initial_momentum_and_xi(params, temperature=temperature, seed=seed)
         return MCCAdLState(
-            step=tf.constant(0, tf.int64), momentum=momentum, xi=xi, preconditioner=self.init_preconditioner(params)
+            step=tf.constant(0, tf.int64), momentum=momentum, xi=xi, preconditioner=self.init_preconditioner(params),
+            friction=xi,
         )
 
     def update(self, state: MCCAdLState, params, force, context: StepContext):
@@ -260,7 +262,9 @@ class MCCAdL(ThermostatSampler):
             "expm_matvecs": tf.cast(matvecs, tf.float32),
             "expm_method": tf.cast(method_code, tf.float32),
         }
-        new_state = MCCAdLState(step=state.step + 1, momentum=momentum, xi=xi, preconditioner=preconditioner)
+        new_state = MCCAdLState(
+            step=state.step + 1, momentum=momentum, xi=xi, preconditioner=preconditioner, friction=state.friction
+        )
         return new_params, new_state, diagnostics
 
     def get_config(self):

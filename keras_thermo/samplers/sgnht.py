@@ -33,6 +33,7 @@ class SGNHTState(NamedTuple):
     xi: tf.Tensor
     heat: tf.Tensor = 0.0
     preconditioner: tuple = ()
+    friction: tf.Tensor = 0.0  # A of the last step (`ThermostatSampler.follow_friction`), float64
 
 
 @keras.saving.register_keras_serializable(package="keras_thermo")
@@ -87,7 +88,7 @@ class SGNHT(ThermostatSampler):
         momentum, xi = self.initial_momentum_and_xi(params, temperature=temperature, seed=seed)
         return SGNHTState(
             step=tf.constant(0, tf.int64), momentum=momentum, xi=xi, heat=tf.constant(0.0, integrators.THERMOSTAT_DTYPE),
-            preconditioner=self.init_preconditioner(params),
+            preconditioner=self.init_preconditioner(params), friction=xi,
         )
 
     def update(self, state: SGNHTState, params, force, context: StepContext):
@@ -114,7 +115,7 @@ class SGNHT(ThermostatSampler):
         }
         new_state = SGNHTState(
             step=state.step + 1, momentum=momentum, xi=xi, heat=self._accumulated_heat(state, kinetic),
-            preconditioner=preconditioner,
+            preconditioner=preconditioner, friction=state.friction,
         )
         return new_params, new_state, diagnostics
 

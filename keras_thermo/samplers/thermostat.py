@@ -36,6 +36,13 @@ class ThermostatSampler(Sampler):
     papers' time-homogeneous Markov chain started at the warmed-up weights, and has their
     invariant distribution. The restart is a pure function of the state (its step counter), so
     resuming stays exact. `warmup_steps=0` is the papers' algorithm from the first step.
+
+    A change of A (`follow_friction`). In the papers' invariant distribution xi is centred on A
+    (plus the gradient noise's share), so when A changes (the automatic step size inside its
+    window under `friction=None`, a schedule, a value set between fits) xi moves by the same
+    amount at that step. With A constant, as after the window at a fixed step size, the move is
+    exactly zero and every step is the papers' update bit for bit; after a one-time change the
+    chain is the papers' chain at the new A, started from the moved xi.
     """
 
     #: Its thermostats absorb gradient noise assuming independent minibatches (`BayesianModel`
@@ -56,7 +63,8 @@ class ThermostatSampler(Sampler):
         self.warmup_steps = check_int("warmup_steps", warmup_steps, low=0)
 
     def initial_momentum_and_xi(self, params, *, temperature: float, seed: int):
-        """`p_0 ~ N(0, T M)` and `xi_0 = A`. With the automatic step size and friction, A is
+        """`p_0 ~ N(0, T M)` and `xi_0 = A` (also the states' `friction`, the A that
+        `follow_friction` compares with). With the automatic step size and friction, A is
         not known before the first step: xi starts at 0 and the first step restarts the chain
         with `xi = A` (`restart_after_warmup`)."""
         momentum = sample_momentum(params, seed=seed, temperature=temperature, mass=self.mass)
@@ -109,10 +117,26 @@ class ThermostatSampler(Sampler):
 
     def start_step(self, state: NamedTuple, params, force, context: StepContext) -> tuple[NamedTuple, Any, Any, Any]:
         """`(state, mass, preconditioner state, restarted)`: what every thermostat step starts
-        with, `preconditioned_state` and then `restart_after_warmup` at this step's masses."""
+        with, `preconditioned_state`, `follow_friction` and then `restart_after_warmup` at this
+        step's masses."""
         state, mass, preconditioner = self.preconditioned_state(state, force)
+        state = self.follow_friction(state)
         state, restarted = self.restart_after_warmup(state, params, context, mass)
         return state, mass, preconditioner, restarted
+
+    def follow_friction(self, state: NamedTuple) -> NamedTuple:
+        """The state with xi moved by the change of A since the last step, `xi += A_t - A_{t-1}`,
+        and `friction = A_t` (the A of the step whose state has counter `state.step`).
+
+        xi is stationary at A plus the gradient noise's share, and moves only by about
+        `h (K / T - 1)` per step (its thermal mass is Nd), so when A changes (the step size of
+        `friction=None` set between fits, a step-size schedule, the automatic step size inside
+        its window, or a new `friction`) a thermostat left at the old A takes thousands of steps
+        to catch up, the chain hot (A up) or cold (A down) meanwhile. Moving xi with A keeps its
+        excess over A, which is all the thermostat has learned. A constant A changes nothing,
+        bit for bit."""
+        friction = tf.cast(self.friction_at(self.step_size_at(state.step)), integrators.THERMOSTAT_DTYPE)
+        return state._replace(xi=state.xi + (friction - state.friction), friction=friction)
 
     def ou_kwargs(self, context: StepContext, mass=None, *, h) -> dict:
         """Keyword arguments of `integrators.ornstein_uhlenbeck` / `euler_momentum` (`mass`: the
