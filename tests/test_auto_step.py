@@ -221,3 +221,22 @@ def test_a_given_step_size_above_the_stability_bound_warns_and_names_the_automat
         warnings.filterwarnings("error", message=".*stability bound.*")
         _, _, steps = _fit_steps(kt.samplers.SGHMC(1.0 / np.sqrt(lam)), 1000, 1)
     assert steps[-1][1] == pytest.approx(lam, rel=1e-2)  # measured, and logged, for a given step size too
+
+
+@pytest.mark.parametrize("make_sampler", [kt.samplers.SGHMC, kt.samplers.SGNHT, kt.samplers.CCAdL, kt.samplers.MCCAdL])
+def test_a_given_friction_keeps_its_value_under_the_automatic_step_size(make_sampler):
+    """`friction=2.0` with the default `step_size="auto"` runs (the thermostat starts at the
+    given A, without waiting for the measured step) and is the same chain as the measured step
+    size given by hand with that friction."""
+    x, _ = _data()
+    lam = _largest_eigenvalue(x, 10)
+    keras.utils.set_random_seed(1)  # the same Keras initialisation for both runs
+    auto, _, steps = _fit_steps(make_sampler(friction=2.0), 10, 3)
+    step_size, curvature = steps[-1]
+    assert curvature == pytest.approx(lam, rel=1e-2)
+    assert 0.0 < step_size <= auto_step.STABILITY_FRACTION / np.sqrt(lam) * 1.01
+    assert float(auto.sampler.friction_at(step_size)) == 2.0
+    keras.utils.set_random_seed(1)
+    given, _, _ = _fit_steps(make_sampler(step_size=step_size, friction=2.0), 10, 3)
+    for a, b in zip(auto.get_weights(), given.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

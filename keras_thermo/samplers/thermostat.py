@@ -66,10 +66,13 @@ class ThermostatSampler(Sampler):
         """`p_0 ~ N(0, T M)` and `xi_0 = A` (also the states' `friction`, the A that
         `follow_friction` compares with). With the automatic step size and friction, A is
         not known before the first step: xi starts at 0 and the first step restarts the chain
-        with `xi = A` (`restart_after_warmup`)."""
+        with `xi = A` (`restart_after_warmup`); a given friction with the automatic step size
+        is A from the start."""
         momentum = sample_momentum(params, seed=seed, temperature=temperature, mass=self.mass)
         if self._restarts_at_first_step:
             xi = 0.0
+        elif self.is_auto_step_size:  # a given friction: A does not wait for the measured step size
+            xi = self.read_setting("friction")
         else:
             xi = self.friction_at(self.step_size_at(tf.constant(0, tf.int64)))
         return momentum, tf.cast(xi, integrators.THERMOSTAT_DTYPE)
