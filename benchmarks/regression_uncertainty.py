@@ -147,7 +147,7 @@ def fit_map(x: np.ndarray, y: np.ndarray, seed: int, steps: int, prior: kt.prior
 
 
 def run_sampler(name, x, y, start: keras.Model, args, seed: int) -> tuple[keras.Model, np.ndarray, dict]:
-    """`(model, samples [S, Nd], info)`; empty samples if the run diverged."""
+    """`(model, samples [S, Nd], info)`; after a divergence, the samples taken before it."""
     keras.utils.set_random_seed(seed)
     net = _net(x.shape[1])
     if args.start == "map":
@@ -376,6 +376,12 @@ def markdown_tables(report: dict) -> str:
         targets = met.get(method)
         counts = ["-"] * 3 if targets is None else [f"{targets[k]}/{splits}" for k in targets]
         lines.append(f"| {method} | " + " | ".join(cells + counts) + " |")
+    diverged = [f"{method} on split {index} ({figures['error'].split(' (')[0].split(' at ')[-1]})"
+                for index, split in enumerate(report["diabetes"]["splits"])
+                for method, figures in split.items() if figures.get("diverged")]
+    if diverged:
+        lines += ["", "Diverged (`SamplerDivergedError`; scored above on the samples taken before it): "
+                  + "; ".join(diverged) + "."]
     test_rows = DIABETES_ROWS - train_rows(DIABETES_ROWS)
     per_split = calibrated_band_probability(test_rows)
     lines += [
