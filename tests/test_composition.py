@@ -26,7 +26,7 @@ FACTORS = {
     "sampler": ["sgld", "sghmc", "sgnht", "ccadl", "mccadl", "tact_hmc"],
     "num_chains": [1, 2],
     "preconditioner": [None, "layerwise"],
-    "schedule": ["constant", "cyclical"],
+    "schedule": ["constant", "cyclical", "auto"],  # auto: the default step_size="auto" (and friction)
     "net": ["dense", "conv", "lstm"],
     "outputs": ["logits", "softmax"],
     "jit_compile": [False, True],
@@ -87,7 +87,11 @@ def _net(kind: str, outputs: str) -> tuple[keras.Model, np.ndarray]:
 
 
 def _sampler(row: dict):
-    step_size = STEP_SIZE if row["schedule"] == "constant" else kt.schedules.Cyclical(STEP_SIZE, cycle_length=4, exploration_fraction=0.5)
+    step_size = {
+        "constant": STEP_SIZE,
+        "cyclical": kt.schedules.Cyclical(STEP_SIZE, cycle_length=4, exploration_fraction=0.5),
+        "auto": kt.samplers.auto_step.AUTO,
+    }[row["schedule"]]
     options = {}
     if row["preconditioner"] is not None:
         options["preconditioner"] = kt.samplers.preconditioning.Preconditioner(row["preconditioner"], warmup_steps=2)
