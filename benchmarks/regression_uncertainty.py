@@ -44,6 +44,7 @@ import json
 import math
 import os
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -357,6 +358,9 @@ def plot_toy(plot: dict, path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
+DIVERGED_AT = re.compile(r"at (step \d+)")  # in `SamplerDivergedError`'s message
+
+
 def markdown_tables(report: dict) -> str:
     """The diabetes summary (mean +- sd over splits, with how many splits meet each target) and
     the toy's figures, as Markdown."""
@@ -376,7 +380,7 @@ def markdown_tables(report: dict) -> str:
         targets = met.get(method)
         counts = ["-"] * 3 if targets is None else [f"{targets[k]}/{splits}" for k in targets]
         lines.append(f"| {method} | " + " | ".join(cells + counts) + " |")
-    diverged = [f"{method} on split {index} ({figures['error'].split(' (')[0].split(' at ')[-1]})"
+    diverged = [f"{method} on split {index} ({DIVERGED_AT.search(figures['error']).group(1)})"
                 for index, split in enumerate(report["diabetes"]["splits"])
                 for method, figures in split.items() if figures.get("diverged")]
     if diverged:
