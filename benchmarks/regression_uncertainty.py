@@ -148,18 +148,20 @@ def fit_map(x: np.ndarray, y: np.ndarray, seed: int, steps: int, prior: kt.prior
 
 
 def run_sampler(name, x, y, start: keras.Model, args, seed: int) -> tuple[keras.Model, np.ndarray, dict]:
-    """`(model, samples [S, Nd], info)`; after a divergence, the samples taken before it."""
+    """`(model, samples [C, S, Nd], info)` for `args.chains` = C chains run together in one fit
+    (each from its own initialisation, with its own minibatches of `BATCH_SIZE`); after a
+    divergence, the samples taken before it."""
     keras.utils.set_random_seed(seed)
     net = _net(x.shape[1])
     if args.start == "map":
         net.set_weights(start.get_weights())
     model = kt.BayesianModel(net, make_sampler(name, args.step_size), num_examples=x.shape[0],
-                             prior=make_prior(args.prior), seed=seed)
+                             prior=make_prior(args.prior), seed=seed, num_chains=args.chains)
     model.compile(loss=kt.losses.GaussianNLL(), steps_per_execution=50)
     collector = kt.callbacks.SampleCollector(burn_in_steps=args.burn_in, every_n_steps=args.every)
     steps_per_epoch = math.ceil(x.shape[0] / BATCH_SIZE)
     epochs = math.ceil(args.steps / steps_per_epoch)
-    info = {"steps": epochs * steps_per_epoch}
+    info = {"steps": epochs * steps_per_epoch, "chains": args.chains}
     start_time = time.perf_counter()
     try:
         history = model.fit(x, y, batch_size=BATCH_SIZE, epochs=epochs, callbacks=[collector], verbose=0)
@@ -175,8 +177,10 @@ def run_sampler(name, x, y, start: keras.Model, args, seed: int) -> tuple[keras.
         info["diverged"] = True
         info["error"] = str(error).splitlines()[0]
     info["seconds"] = time.perf_counter() - start_time
-    samples = np.asarray(collector.samples) if collector.steps.size else np.zeros((0, 0), np.float32)
-    info["num_samples"] = int(samples.shape[0])
+    samples = np.asarray(collector.samples) if collector.steps.size else np.zeros((args.chains, 0, 0), np.float32)
+    if samples.ndim == 2:  # one chain: rows [S, Nd]
+        samples = samples[None]
+    info["num_samples"] = int(samples.shape[0] * samples.shape[1])
     return model, samples, info
 
 
@@ -209,7 +213,9 @@ def net_prediction(model, samples, x, scaler) -> kt.regression.RegressionPredict
 def evaluate_methods(x_train, y_train, x_eval_sets, args, seed: int, samplers) -> dict:
     """Every method's predictions at each of `x_eval_sets` (name -> inputs), on y's scale.
 
-    Returns `{method: {"predictions": {name: RegressionPrediction}, "info": {...}}}`."""
+    Returns `{method: {"predictions": {name: RegressionPrediction}, "info": {...}}}`; a sampler
+    run with several chains also has `"chain_predictions"`: `{name: [one RegressionPrediction per
+    chain]}` (its `"predictions"` pool the chains)."""
     x_mean, x_std = x_train.mean(axis=0), x_train.std(axis=0)
     standardize = lambda x: ((x - x_mean) / x_std).astype(np.float32)  # noqa: E731
     scaler = kt.regression.TargetScaler().fit(y_train)
@@ -230,10 +236,13 @@ def evaluate_methods(x_train, y_train, x_eval_sets, args, seed: int, samplers) -
     }
     for name in samplers:
         model, samples, info = run_sampler(name, xs, ys, maps[0], args, seed)
-        predictions = {}
-        if samples.shape[0]:
+        predictions, chain_predictions = {}, {}
+        if samples.shape[1]:
             predictions = {k: net_prediction(model, samples, standardize(v), scaler) for k, v in x_eval_sets.items()}
-        results[name] = {"predictions": predictions, "info": info}
+            if samples.shape[0] > 1:
+                chain_predictions = {k: [net_prediction(model, chain, standardize(v), scaler) for chain in samples]
+                                     for k, v in x_eval_sets.items()}
+        results[name] = {"predictions": predictions, "chain_predictions": chain_predictions, "info": info}
         print(f"  {name}: {info}", flush=True)
     return results
 
@@ -307,6 +316,11 @@ def toy(args) -> tuple[dict, dict]:
     results = evaluate_methods(x_train, y_train, {"test": x_test, "grid": grid}, args, 0, args.samplers)
     in_gap = np.abs(grid[:, 0]) < GAP
     on_data = (np.abs(grid[:, 0]) >= 1.5) & (np.abs(grid[:, 0]) <= 4.0)
+
+    def gap_ratio(epistemic):
+        data = float(np.mean(epistemic[on_data]))
+        return float(np.mean(epistemic[in_gap])) / data if data > 0 else None
+
     figures, bands = {}, {}
     for method, r in results.items():
         if not r["predictions"]:
@@ -323,8 +337,11 @@ def toy(args) -> tuple[dict, dict]:
             "aleatoric_std_data": float(np.mean(g.aleatoric_std[on_data, 0])),
             **r["info"],
         }
-        figures[method]["gap_ratio"] = figures[method]["epistemic_std_gap"] / figures[method]["epistemic_std_data"] \
-            if figures[method]["epistemic_std_data"] > 0 else None
+        figures[method]["gap_ratio"] = gap_ratio(epistemic)
+        if r.get("chain_predictions"):
+            # Each chain's own ratio: how much one chain's estimate varies (the pooled one above
+            # is the posterior's, estimated from every chain's samples).
+            figures[method]["chain_gap_ratios"] = [gap_ratio(p.epistemic_std[:, 0]) for p in r["chain_predictions"]["grid"]]
         bands[method] = (g.mean[:, 0], lower[:, 0], upper[:, 0], epistemic)
     return figures, {"grid": grid[:, 0], "x": x_train[:, 0], "y": y_train[:, 0], "bands": bands}
 
@@ -363,9 +380,18 @@ DIVERGED_AT = re.compile(r"at (step \d+)")  # in `SamplerDivergedError`'s messag
 
 def markdown_tables(report: dict) -> str:
     """The diabetes summary (mean +- sd over splits, with how many splits meet each target) and
-    the toy's figures, as Markdown."""
-    summary, met = report["diabetes"]["summary"], report["diabetes"]["targets_met_on_splits"]
-    splits = len(report["diabetes"]["splits"])
+    the toy's figures, as Markdown (each where the report has it)."""
+    lines = []
+    if "diabetes" in report:
+        lines += _diabetes_table(report["diabetes"])
+    if "toy" in report:
+        lines += _toy_table(report["toy"], blank_first=bool(lines))
+    return "\n".join(lines) + "\n"
+
+
+def _diabetes_table(diabetes: dict) -> list[str]:
+    summary, met = diabetes["summary"], diabetes["targets_met_on_splits"]
+    splits = len(diabetes["splits"])
     lines = [
         f"Diabetes, {splits} random 80/20 splits, original scale (mean +- sd over splits); the last three "
         "columns count the splits meeting each target.",
@@ -381,7 +407,7 @@ def markdown_tables(report: dict) -> str:
         counts = ["-"] * 3 if targets is None else [f"{targets[k]}/{splits}" for k in targets]
         lines.append(f"| {method} | " + " | ".join(cells + counts) + " |")
     diverged = [f"{method} on split {index} ({DIVERGED_AT.search(figures['error']).group(1)})"
-                for index, split in enumerate(report["diabetes"]["splits"])
+                for index, split in enumerate(diabetes["splits"])
                 for method, figures in split.items() if figures.get("diverged")]
     if diverged:
         lines += ["", "Diverged (`SamplerDivergedError`; scored above on the samples taken before it): "
@@ -394,23 +420,33 @@ def markdown_tables(report: dict) -> str:
         f"[{COVERAGE_BAND[0]}, {COVERAGE_BAND[1]}] with probability {per_split:.3f} on one split (binomial), "
         f"{per_split ** splits:.3f} on all {splits}.",
     ]
-    if "toy" in report:
-        lines += [
-            "",
-            "Toy with a gap (one data set): test metrics, and the epistemic standard deviation averaged over the "
-            "gap and over the clusters.",
-            "",
-            "| method | RMSE | NLL | 90% coverage | CRPS | epistemic sd, gap | epistemic sd, data | ratio |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for method, f in report["toy"].items():
-            if "rmse" not in f:
-                lines.append(f"| {method} | diverged | | | | | | |")
-                continue
-            ratio = "-" if f.get("gap_ratio") is None else f"{f['gap_ratio']:.2f}"
-            lines.append(f"| {method} | {f['rmse']:.3f} | {f['nll']:.3f} | {f['coverage_90']:.3f} | {f['crps']:.3f} | "
-                         f"{f['epistemic_std_gap']:.3f} | {f['epistemic_std_data']:.3f} | {ratio} |")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _toy_table(toy: dict, blank_first: bool) -> list[str]:
+    chains = any(f.get("chain_gap_ratios") for f in toy.values())
+    lines = [""] if blank_first else []
+    lines += [
+        "Toy with a gap (one data set): test metrics, and the epistemic standard deviation averaged over the "
+        "gap and over the clusters" + ("; a sampler's figures pool its chains, and the last column gives each "
+               "chain's own ratio." if chains else "."),
+        "",
+        "| method | RMSE | NLL | 90% coverage | CRPS | epistemic sd, gap | epistemic sd, data | ratio |"
+        + (" ratio per chain |" if chains else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|" if chains else ""),
+    ]
+    for method, f in toy.items():
+        if "rmse" not in f:
+            lines.append(f"| {method} | diverged | | | | | | |" + (" |" if chains else ""))
+            continue
+        ratio = "-" if f.get("gap_ratio") is None else f"{f['gap_ratio']:.2f}"
+        row = (f"| {method} | {f['rmse']:.3f} | {f['nll']:.3f} | {f['coverage_90']:.3f} | {f['crps']:.3f} | "
+               f"{f['epistemic_std_gap']:.3f} | {f['epistemic_std_data']:.3f} | {ratio} |")
+        if chains:
+            per_chain = f.get("chain_gap_ratios") or []
+            row += " " + (", ".join("-" if r is None else f"{r:.2f}" for r in per_chain) or "-") + " |"
+        lines.append(row)
+    return lines
 
 
 def main(argv=None) -> None:
@@ -429,9 +465,17 @@ def main(argv=None) -> None:
     parser.add_argument("--start", choices=("init", "map"), default="init",
                         help="start the samplers at Keras' initialisation (seeded) or at the first MAP net")
     parser.add_argument("--skip-toy", action="store_true")
+    parser.add_argument("--chains", type=int, default=1,
+                        help="chains per sampler, run together in one fit and pooled (default 1)")
     parser.add_argument("--table-from", metavar="RESULTS_JSON",
                         help="only print the Markdown tables of an earlier run's results.json")
     args = parser.parse_args(argv)
+    if args.chains < 1:
+        parser.error(f"--chains must be a positive integer, got {args.chains}")
+    if args.splits < 0:
+        parser.error(f"--splits must be 0 (the toy only) or more, got {args.splits}")
+    if args.splits == 0 and args.skip_toy:
+        parser.error("--splits 0 with --skip-toy leaves nothing to run")
     if args.table_from:
         print(markdown_tables(json.loads(Path(args.table_from).read_text())), end="")
         return
@@ -453,7 +497,8 @@ def main(argv=None) -> None:
                                 if args.step_size == "auto" else
                                 f"{name}(step_size={args.step_size}, friction=1.0), library defaults otherwise")
                          for name in args.samplers},
-            "sampling": f"batch {BATCH_SIZE} with replacement, start at "
+            "sampling": f"{args.chains} chain{'s' if args.chains > 1 else ''} per sampler in one fit (pooled), "
+                        f"batch {BATCH_SIZE} with replacement, start at "
                         f"{'the first MAP net' if args.start == 'map' else 'Keras initialisation (seeded)'}, {args.steps} steps "
                         f"(whole epochs), burn-in {args.burn_in}, a sample every {args.every} steps",
             "ols": "least squares with intercept, Gaussian predictive N(x b, s^2 (1 + x (X^T X)^-1 x^T))",
@@ -467,7 +512,8 @@ def main(argv=None) -> None:
         "environment": {"python": platform.python_version(), "tensorflow": tf.__version__, "keras": keras.__version__,
                         "machine": platform.machine(), "cpu_threads": 2},
     }
-    report["diabetes"] = diabetes(args)
+    if args.splits:
+        report["diabetes"] = diabetes(args)
     if not args.skip_toy:
         figures, plot = toy(args)
         report["toy"] = figures
@@ -475,8 +521,9 @@ def main(argv=None) -> None:
     report["seconds"] = time.perf_counter() - start
     (out / "results.json").write_text(json.dumps(report, indent=1))
     (out / "tables.md").write_text(markdown_tables(report))
-    print(json.dumps(report["diabetes"]["summary"], indent=1))
-    print(json.dumps(report["diabetes"]["targets_met_on_splits"], indent=1))
+    if "diabetes" in report:
+        print(json.dumps(report["diabetes"]["summary"], indent=1))
+        print(json.dumps(report["diabetes"]["targets_met_on_splits"], indent=1))
     if "toy" in report:
         print(json.dumps({m: {k: v for k, v in f.items() if "gap" in k or "data" in k} for m, f in report["toy"].items()},
                          indent=1))

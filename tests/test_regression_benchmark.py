@@ -43,3 +43,27 @@ def test_option_parsers_keep_the_keyword_and_read_numbers():
 def test_committed_tables_are_those_of_the_committed_results():
     report = json.loads((RESULTS / "results.json").read_text())
     assert (RESULTS / "tables.md").read_text() == bench.markdown_tables(report)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--chains", "0"], "--chains must be a positive integer, got 0"),
+    (["--splits", "-1"], "--splits must be 0 (the toy only) or more, got -1"),
+    (["--splits", "0", "--skip-toy"], "--splits 0 with --skip-toy leaves nothing to run"),
+])
+def test_bad_chains_or_splits_are_refused_with_the_value(args, message, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(args + ["--table-from", "unused.json"])
+    assert message in capsys.readouterr().err
+
+
+def test_a_toy_only_report_with_chains_lists_each_chains_ratio():
+    pooled = {"rmse": 0.5, "nll": 1.0, "coverage_90": 0.9, "crps": 0.3, "epistemic_std_gap": 0.6,
+              "epistemic_std_data": 0.2, "gap_ratio": 3.0}
+    report = {"toy": {"ensemble": dict(pooled), "sgnht": {**pooled, "chain_gap_ratios": [2.5, None, 3.25]},
+                      "sghmc": {"diverged": True}}}
+    table = bench.markdown_tables(report)
+    assert "Diabetes" not in table and table.startswith("Toy with a gap")
+    assert "| sgnht | 0.500 | 1.000 | 0.900 | 0.300 | 0.600 | 0.200 | 3.00 | 2.50, -, 3.25 |" in table
+    assert "| ensemble | 0.500 | 1.000 | 0.900 | 0.300 | 0.600 | 0.200 | 3.00 | - |" in table
+    assert "| sghmc | diverged | | | | | | | |" in table
+
