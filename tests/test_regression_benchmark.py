@@ -67,3 +67,13 @@ def test_a_toy_only_report_with_chains_lists_each_chains_ratio():
     assert "| ensemble | 0.500 | 1.000 | 0.900 | 0.300 | 0.600 | 0.200 | 3.00 | - |" in table
     assert "| sghmc | diverged | | | | | | | |" in table
 
+
+
+def test_committed_toy_with_chains_tables_are_those_of_its_results():
+    results = RESULTS.parent / "regression_toy_chains"
+    report = json.loads((results / "results.json").read_text())
+    assert (results / "tables.md").read_text() == bench.markdown_tables(report)
+    # Every sampler ran its chains together and pooled them.
+    for method, figures in report["toy"].items():
+        if method in bench.SAMPLERS and "rmse" in figures:
+            assert figures["chains"] > 1 and len(figures["chain_gap_ratios"]) == figures["chains"]
