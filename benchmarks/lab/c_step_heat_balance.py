@@ -1,0 +1,115 @@
+"""The covariance step against the gradient noise it corrects: kinetic and configurational temperature.
+
+A model of one coordinate, in numpy (not the library's step): the target `exp(-U / T)` with
+`U = lam theta^2 / 2`, unit mass, a noisy force `F = -lam theta + sigma z` (z standard normal,
+new every step), friction A with its fluctuation-dissipation noise, and no thermostat (xi held at
+A), so that any heat the covariance step fails to balance shows in the temperatures instead of
+being absorbed. `x = h^2 beta sigma^2` is the covariance friction per step, `(h/2) beta Sigma h`
+twice over: the kick `h F` adds `x T` of heat per step to `p^2` on average, and the covariance
+step is there to take it out. Two splittings:
+
+- `ccadl`: CCAdL's Euler update (DESIGN section 4): `p += h F - (h/2) beta Sigma p h - A p h +
+  sqrt(2 A T h) R` (the frictions act on the momentum before the kick), `theta += h p`;
+- `mccadl`: mCCAdL's BAODCDOAB with one force per step (`keras_thermo.samplers.mccadl`): the kick
+  `h F`, then A O C O A with `C: p <- exp(-x / 2) p` and `O: p <- exp(-A h / 2) p + sqrt(T (1 -
+  exp(-A h))) R` (the D steps are no-ops without a thermostat).
+
+Reports the stationary kinetic temperature `<p^2> / T` read at the end of a step (where the
+library's per-variable check reads it; for mCCAdL also `kinetic_around_c`, the mean of `p^2 / T`
+just before and just after C, which its D steps, and its logged `kinetic_temperature`, read) and
+the configurational one `lam <theta^2> / T` (the sampled variance over the
+target's), with standard errors over independent chains, for x from 0.01 to 3. Where the two
+disagree, the position can be sampled at T while the step-end momentum reads otherwise: a
+thermostat or a temperature check fed the step-end kinetic temperature then acts on a reading,
+not on the positions.
+
+    python -m benchmarks.lab.c_step_heat_balance --out benchmarks/results/c_step_heat_balance.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import numpy as np
+
+SPLITTINGS = ("ccadl", "mccadl")
+
+
+def simulate(splitting: str, x: float, *, h: float, friction: float, lam: float, temperature: float,
+             chains: int, steps: int, burn_in: int, seed: int) -> dict:
+    """Runs `chains` independent chains of one splitting; returns the temperatures' means and
+    standard errors (over chains) after `burn_in` steps."""
+    rng = np.random.default_rng(seed)
+    beta = 1.0 / temperature
+    sigma = np.sqrt(x / (h * h * beta))  # x = h^2 beta sigma^2
+    theta = rng.normal(0.0, np.sqrt(temperature / lam), chains)
+    p = rng.normal(0.0, np.sqrt(temperature), chains)
+    kinetic = np.zeros(chains)
+    around_c = np.zeros(chains)  # mCCAdL: the mean of p^2 before and after C, what its D steps read
+    configurational = np.zeros(chains)
+    half_decay = np.exp(-friction * h / 2)
+    o_noise = np.sqrt(temperature * (1.0 - np.exp(-friction * h)))
+    c_factor = np.exp(-x / 2)
+    for step in range(steps):
+        force = -lam * theta + sigma * rng.normal(size=chains)
+        if splitting == "ccadl":
+            p = p + h * force - (x / 2) * p - friction * h * p + np.sqrt(2 * friction * temperature * h) * rng.normal(size=chains)
+            theta = theta + h * p
+        else:
+            p = p + h * force
+            theta = theta + (h / 2) * p
+            p = half_decay * p + o_noise * rng.normal(size=chains)
+            before_c = p * p
+            p = c_factor * p
+            if step >= burn_in:
+                around_c += (before_c + p * p) / 2
+            p = half_decay * p + o_noise * rng.normal(size=chains)
+            theta = theta + (h / 2) * p
+        if step >= burn_in:
+            kinetic += p * p
+            configurational += lam * theta * theta
+    kept = steps - burn_in
+    per_chain = {"kinetic": kinetic / (kept * temperature), "configurational": configurational / (kept * temperature)}
+    if splitting == "mccadl":
+        per_chain["kinetic_around_c"] = around_c / (kept * temperature)
+    return {kind: {"mean": float(v.mean()), "standard_error": float(v.std(ddof=1) / np.sqrt(chains))}
+            for kind, v in per_chain.items()}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="runs/c_step_heat_balance.json")
+    parser.add_argument("--xs", nargs="+", type=float, default=[0.01, 0.1, 0.3, 1.0, 3.0])
+    parser.add_argument("--step-size", type=float, default=0.05)
+    parser.add_argument("--friction", type=float, default=1.0)
+    parser.add_argument("--chains", type=int, default=2000)
+    parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument("--burn-in", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    runs = []
+    for x in args.xs:
+        for index, splitting in enumerate(SPLITTINGS):
+            result = simulate(splitting, x, h=args.step_size, friction=args.friction, lam=1.0, temperature=1.0,
+                              chains=args.chains, steps=args.steps, burn_in=args.burn_in, seed=args.seed + index)
+            runs.append({"splitting": splitting, "x": x, **result})
+            print(f"x = {x:g} {splitting:8s} " + "  ".join(
+                f"{kind} {figures['mean']:.4f} +- {figures['standard_error']:.4f}" for kind, figures in result.items()), flush=True)
+    report = {
+        "command": "python -m benchmarks.lab.c_step_heat_balance " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
+        "model": "one coordinate, U = theta^2 / 2, T = 1, unit mass, force noise variance x / h^2, no thermostat",
+        "step_size": args.step_size, "friction": args.friction, "chains": args.chains, "steps": args.steps,
+        "burn_in": args.burn_in,
+        "runs": runs, "seconds": time.perf_counter() - start,
+        "machine": f"{platform.machine()}, numpy {np.__version__}",
+    }
+    with open(args.out, "w") as handle:
+        json.dump(report, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
