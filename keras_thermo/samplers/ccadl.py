@@ -91,6 +91,8 @@ class CCAdL(ThermostatSampler):
             W steps, then an exponential average over about the last W, which forgets burn-in.
         preconditioner: None, `"layerwise"` (exact after its warm-up), `"rmsprop"` (approximate)
             or a `preconditioning.Preconditioner`: the mass becomes `M diag(m)`.
+        per_variable_thermostat: One xi per trainable tensor instead of the papers' one for the
+            net (as `SGNHT`; `ThermostatSampler`); logged `xi` is then their mean.
         warmup_steps: W >= 0 (default 1000): the papers' update restarts at step W with `xi = A`,
             fresh `p ~ N(0, T M)` and the covariance average `I_t` started again (`k = 1` at
             step W, so the warm-up's covariance is forgotten; `average_weight`), as `SGNHT`
@@ -122,10 +124,11 @@ class CCAdL(ThermostatSampler):
         covariance_window: int | None = None,
         preconditioner=None,
         warmup_steps: int = DEFAULT_WARMUP_STEPS,
+        per_variable_thermostat: bool = False,
     ):
         super().__init__(
             step_size, friction=friction, thermal_mass=thermal_mass, mass=mass, preconditioner=preconditioner,
-            warmup_steps=warmup_steps,
+            warmup_steps=warmup_steps, per_variable_thermostat=per_variable_thermostat,
         )
         self.covariance = check_choice("covariance", covariance, ("diag", "full"))
         self.max_full_params = check_int("max_full_params", max_full_params, low=1)
@@ -147,10 +150,10 @@ class CCAdL(ThermostatSampler):
             average = tf.zeros([num_params, num_params], integrators.THERMOSTAT_DTYPE)
         else:
             average = [tf.zeros(p.shape, integrators.THERMOSTAT_DTYPE) for p in params]
-        momentum, xi = self.initial_momentum_and_xi(params, temperature=temperature, seed=seed)
+        momentum, xi, friction = self.initial_momentum_and_xi(params, temperature=temperature, seed=seed)
         return CCAdLState(
             step=tf.constant(0, tf.int64), momentum=momentum, xi=xi, covariance=average,
-            preconditioner=self.init_preconditioner(params), friction=xi,
+            preconditioner=self.init_preconditioner(params), friction=friction,
         )
 
     def auto_step_size(self, curvature, context: StepContext, params, masses) -> tf.Tensor:
@@ -265,11 +268,12 @@ class CCAdL(ThermostatSampler):
             state.momentum, corrected_force, noise, state.xi, h, **self.ou_kwargs(context, mass, h=h)
         )
         new_params = integrators.drift(params, momentum, h, mass)
-        xi = integrators.thermostat(state.xi, momentum, h, **self.thermostat_kwargs(params, context, mass))
+        thermostat_kwargs = self.thermostat_kwargs(params, context, mass)
+        xi = integrators.thermostat(state.xi, momentum, h, **thermostat_kwargs)
         diagnostics = {
             "kinetic_temperature": integrators.kinetic_temperature(momentum, mass, num_params),
             "step_size": h,
-            "xi": integrators.as_float32(xi),
+            "xi": self.logged_xi(xi),
             "noise_scale": noise_scale,
             # The explicit covariance friction stays stable while (h^2/2) beta lambda < 2, with
             # lambda >= the largest diagonal entry of Sigma: h must stay below this.

@@ -166,6 +166,8 @@ class MCCAdL(ThermostatSampler):
             (the cheaper of the two for each step).
         preconditioner: None, `"layerwise"` (exact after its warm-up), `"rmsprop"` (approximate)
             or a `preconditioning.Preconditioner`: the mass becomes `M diag(m)`.
+        per_variable_thermostat: One xi per trainable tensor instead of the papers' one for the
+            net (as `SGNHT`; `ThermostatSampler`); logged `xi` is then their mean.
         warmup_steps: W >= 0 (default 1000): the papers' update restarts at step W with `xi = A`
             and fresh `p ~ N(0, T M)` (as `SGNHT`; `ThermostatSampler`).
 
@@ -194,18 +196,19 @@ class MCCAdL(ThermostatSampler):
         expm: str = "auto",
         preconditioner=None,
         warmup_steps: int = DEFAULT_WARMUP_STEPS,
+        per_variable_thermostat: bool = False,
     ):
         super().__init__(
             step_size, friction=friction, thermal_mass=thermal_mass, mass=mass, preconditioner=preconditioner,
-            warmup_steps=warmup_steps,
+            warmup_steps=warmup_steps, per_variable_thermostat=per_variable_thermostat,
         )
         self.expm = check_choice("expm", expm, kt_linalg.dispatch.METHODS)
 
     def init(self, params: Sequence[tf.Tensor], *, temperature: float, seed: int) -> MCCAdLState:
-        momentum, xi = self.initial_momentum_and_xi(params, temperature=temperature, seed=seed)
+        momentum, xi, friction = self.initial_momentum_and_xi(params, temperature=temperature, seed=seed)
         return MCCAdLState(
             step=tf.constant(0, tf.int64), momentum=momentum, xi=xi, preconditioner=self.init_preconditioner(params),
-            friction=xi,
+            friction=friction,
         )
 
     def update(self, state: MCCAdLState, params, force, context: StepContext):
@@ -247,17 +250,18 @@ class MCCAdL(ThermostatSampler):
             diagonal = tf.cast(per_example.diagonal_covariance(), tf.float32)
             noise_trace = sigma_scale * tf.reduce_sum(diagonal * tf.square(flat_inverse_sqrt))
 
+        thermostat_kwargs = self.thermostat_kwargs(params, context, mass)
         new_params, momentum, xi, kinetic, (matvecs, method_code) = integrators.symmetric_step(
             state, params, force, h, context, ou_kwargs=self.ou_kwargs(context, mass, h=h),
-            thermostat_kwargs=self.thermostat_kwargs(params, context, mass), covariance_step=c_step,
+            thermostat_kwargs=thermostat_kwargs, covariance_step=c_step,
             fresh_start=restarted,
         )
 
         diagnostics = {
             # The mean of the D steps' values (before and after C), which xi holds at T.
-            "kinetic_temperature": kinetic,
+            "kinetic_temperature": integrators.whole_net_kinetic(kinetic, thermostat_kwargs["variable_sizes"]),
             "step_size": h,
-            "xi": integrators.as_float32(xi),
+            "xi": self.logged_xi(xi),
             "noise_scale": noise_trace / float(num_params),
             "expm_matvecs": tf.cast(matvecs, tf.float32),
             "expm_method": tf.cast(method_code, tf.float32),

@@ -53,6 +53,9 @@ class SGNHT(ThermostatSampler):
         integrator: `"euler"` (Algorithm 1) or `"symmetric"` (BAODDOAB).
         preconditioner: None, `"layerwise"` (exact after its warm-up), `"rmsprop"` (approximate)
             or a `preconditioning.Preconditioner`: the mass becomes `M diag(m)`.
+        per_variable_thermostat: One xi per trainable tensor instead of the papers' one for the
+            net, so that a tensor with more gradient noise than the rest (a net's last layer)
+            is held at T too (`ThermostatSampler`); logged `xi` is then their mean.
         warmup_steps: W >= 0 (default 1000): after W steps of the papers' update the algorithm
             restarts from the weights reached, with `xi = A` and fresh `p ~ N(0, T M)`, which
             leaves behind the large xi that absorbing a far start leaves (`ThermostatSampler`).
@@ -77,18 +80,20 @@ class SGNHT(ThermostatSampler):
         integrator: str = "euler",
         preconditioner=None,
         warmup_steps: int = DEFAULT_WARMUP_STEPS,
+        per_variable_thermostat: bool = False,
     ):
         super().__init__(
             step_size, friction=friction, thermal_mass=thermal_mass, mass=mass, preconditioner=preconditioner,
-            warmup_steps=warmup_steps,
+            warmup_steps=warmup_steps, per_variable_thermostat=per_variable_thermostat,
         )
         self.integrator = check_choice("integrator", integrator, ("euler", "symmetric"))
 
     def init(self, params: Sequence[tf.Tensor], *, temperature: float, seed: int) -> SGNHTState:
-        momentum, xi = self.initial_momentum_and_xi(params, temperature=temperature, seed=seed)
+        momentum, xi, friction = self.initial_momentum_and_xi(params, temperature=temperature, seed=seed)
         return SGNHTState(
-            step=tf.constant(0, tf.int64), momentum=momentum, xi=xi, heat=tf.constant(0.0, integrators.THERMOSTAT_DTYPE),
-            preconditioner=self.init_preconditioner(params), friction=xi,
+            step=tf.constant(0, tf.int64), momentum=momentum, xi=xi,
+            heat=self.thermostat_shaped(tf.constant(0.0, integrators.THERMOSTAT_DTYPE), len(params)),
+            preconditioner=self.init_preconditioner(params), friction=friction,
         )
 
     def update(self, state: SGNHTState, params, force, context: StepContext):
@@ -100,8 +105,9 @@ class SGNHT(ThermostatSampler):
             noise = context.normal(state.step, params, kt_random.STREAM_MOMENTUM)
             momentum = integrators.euler_momentum(state.momentum, force, noise, state.xi, h, **ou_kwargs)
             new_params = integrators.drift(params, momentum, h, mass)
-            xi = integrators.thermostat(state.xi, momentum, h, **thermostat_kwargs)
-            kinetic = integrators.kinetic_temperature(momentum, mass, thermostat_kwargs["num_params"])
+            energy = integrators.thermostat_energy(momentum, mass, thermostat_kwargs["variable_sizes"])
+            xi = integrators.thermostat_from_energy(state.xi, energy, h, **thermostat_kwargs)
+            kinetic = integrators.thermostat_kinetic(energy, thermostat_kwargs["num_params"], thermostat_kwargs["variable_sizes"])
         else:
             new_params, momentum, xi, kinetic, _ = integrators.symmetric_step(
                 state, params, force, h, context, ou_kwargs=ou_kwargs, thermostat_kwargs=thermostat_kwargs,
@@ -109,9 +115,9 @@ class SGNHT(ThermostatSampler):
             )
         diagnostics = {
             # At the point the thermostat sees: it averages T exactly once xi is stationary.
-            "kinetic_temperature": kinetic,
+            "kinetic_temperature": integrators.whole_net_kinetic(kinetic, thermostat_kwargs["variable_sizes"]),
             "step_size": h,
-            "xi": integrators.as_float32(xi),
+            "xi": self.logged_xi(xi),
         }
         new_state = SGNHTState(
             step=state.step + 1, momentum=momentum, xi=xi, heat=self._accumulated_heat(state, kinetic),

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 
 from keras_thermo import random as kt_random
-from keras_thermo._validation import check_int, check_optional_positive, check_positive
+from keras_thermo._validation import check_bool, check_int, check_optional_positive, check_positive
 from keras_thermo.samplers import auto_step, integrators
 from keras_thermo.samplers.base import FloatSetting, Sampler, StepContext, num_scalars, sample_momentum
 
@@ -43,6 +43,15 @@ class ThermostatSampler(Sampler):
     amount at that step. With A constant, as after the window at a fixed step size, the move is
     exactly zero and every step is the papers' update bit for bit; after a one-time change the
     chain is the papers' chain at the new A, started from the moved xi.
+
+    One thermostat per tensor (`per_variable_thermostat=True`). The papers' xi is one scalar, so
+    it holds the whole net's kinetic temperature at T; gradient noise that is stronger in one
+    tensor than in the others (a net's last layer) leaves that tensor hot and the rest cold. With
+    one xi per trainable tensor, each with the D step `xi_v += (h / mu_v) (p_v.M^-1.p_v - n_v T)`
+    (`mu_v = mu n_v / Nd`), every tensor's kinetic temperature is held at T and each xi_v absorbs
+    its own tensor's noise. The invariant density is the papers' with one Gaussian factor
+    `exp(-mu_v (xi_v - A)^2 / (2 T))` per tensor instead of one for the net: the Nose-Hoover
+    argument applies to each block of momenta and its xi_v separately (DESIGN section 4).
     """
 
     #: Its thermostats absorb gradient noise assuming independent minibatches (`BayesianModel`
@@ -54,17 +63,19 @@ class ThermostatSampler(Sampler):
 
     def __init__(
         self, step_size=auto_step.AUTO, friction: float | None = None, thermal_mass: float | None = None, mass: float = 1.0,
-        preconditioner=None, warmup_steps: int = DEFAULT_WARMUP_STEPS,
+        preconditioner=None, warmup_steps: int = DEFAULT_WARMUP_STEPS, per_variable_thermostat: bool = False,
     ):
         super().__init__(step_size, preconditioner=preconditioner)
         self.friction = friction
         self.thermal_mass = thermal_mass
         self.mass = check_positive("mass", mass)
         self.warmup_steps = check_int("warmup_steps", warmup_steps, low=0)
+        self.per_variable_thermostat = check_bool("per_variable_thermostat", per_variable_thermostat)
 
     def initial_momentum_and_xi(self, params, *, temperature: float, seed: int):
-        """`p_0 ~ N(0, T M)` and `xi_0 = A` (also the states' `friction`, the A that
-        `follow_friction` compares with). With the automatic step size and friction, A is
+        """`(p_0, xi_0, A)`: `p_0 ~ N(0, T M)`, `xi_0 = A` (one per tensor with
+        `per_variable_thermostat`) and A as the states' `friction`, the scalar that
+        `follow_friction` compares with. With the automatic step size and friction, A is
         not known before the first step: xi starts at 0 and the first step restarts the chain
         with `xi = A` (`restart_after_warmup`); a given friction with the automatic step size
         is A from the start."""
@@ -75,7 +86,20 @@ class ThermostatSampler(Sampler):
             xi = self.read_setting("friction")
         else:
             xi = self.friction_at(self.step_size_at(tf.constant(0, tf.int64)))
-        return momentum, tf.cast(xi, integrators.THERMOSTAT_DTYPE)
+        friction = tf.cast(xi, integrators.THERMOSTAT_DTYPE)
+        return momentum, self.thermostat_shaped(friction, len(params)), friction
+
+    def logged_xi(self, xi) -> tf.Tensor:
+        """The `xi` the sampler logs (float32): the thermostat, or the mean of the per-tensor ones."""
+        xi = integrators.as_float32(xi)
+        return tf.reduce_mean(xi) if self.per_variable_thermostat else xi
+
+    def thermostat_shaped(self, value, count: int) -> tf.Tensor:
+        """`value` (a float64 scalar) as the thermostat state: itself, or repeated for each of
+        the `count` tensors with `per_variable_thermostat`."""
+        if not self.per_variable_thermostat:
+            return value
+        return tf.fill([count], tf.cast(value, integrators.THERMOSTAT_DTYPE))
 
     @property
     def _restarts_at_first_step(self) -> bool:
@@ -95,7 +119,8 @@ class ThermostatSampler(Sampler):
         noise's heat (CCAdL, mCCAdL; CCAdL's only with its covariance estimate restarted too,
         `steps_since_start`)."""
         del params, context, mass
-        return tf.cast(self.friction_at(self.step_size_at(state.step)), integrators.THERMOSTAT_DTYPE)
+        friction = tf.cast(self.friction_at(self.step_size_at(state.step)), integrators.THERMOSTAT_DTYPE)
+        return self.thermostat_shaped(friction, len(state.momentum))
 
     def restart_after_warmup(self, state: NamedTuple, params, context: StepContext, mass) -> tuple[NamedTuple, Any]:
         """`(state, restarted)`: at the step whose state has counter `warmup_steps`, the state
@@ -147,13 +172,15 @@ class ThermostatSampler(Sampler):
         return {"noise_friction": self.friction_at(h), "temperature": context.temperature, "mass": self.mass if mass is None else mass}
 
     def thermostat_kwargs(self, params, context: StepContext, mass=None) -> dict:
-        """Keyword arguments of `integrators.thermostat` (thermal mass defaults to Nd)."""
+        """Keyword arguments of `integrators.thermostat` (thermal mass defaults to Nd; with
+        `per_variable_thermostat`, `variable_sizes` gives each tensor's size)."""
         num_params = num_scalars(params)
         return {
             "thermal_mass": self.read_setting("thermal_mass", default=float(num_params)),
             "num_params": num_params,
             "temperature": context.temperature,
             "mass": self.mass if mass is None else mass,
+            "variable_sizes": tuple(float(num_scalars([p])) for p in params) if self.per_variable_thermostat else None,
         }
 
     def get_config(self) -> dict[str, Any]:
@@ -163,4 +190,5 @@ class ThermostatSampler(Sampler):
             "thermal_mass": self.thermal_mass,
             "mass": self.mass,
             "warmup_steps": self.warmup_steps,
+            "per_variable_thermostat": self.per_variable_thermostat,
         }
