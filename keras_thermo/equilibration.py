@@ -426,8 +426,9 @@ class EquilibrationCheck(keras.callbacks.Callback):
         return (
             "The run is not sampling at its temperature: its samples do not follow the posterior "
             f"it was asked for. After step {report['equilibration_step']} ({report['num_blocks']} "
-            f"blocks of {self.block_steps} steps): " + "; ".join(lines) + ". " + cause(report) + " SGNHT's "
-            "single thermostat holds the whole net's kinetic temperature, not each layer's. "
+            f"blocks of {self.block_steps} steps): " + "; ".join(lines) + ". " + cause(report) + " The "
+            "papers' single thermostat (SGNHT, CCAdL, mCCAdL) holds the whole net's kinetic "
+            "temperature, not each layer's: per_variable_thermostat=True gives each trainable tensor its own. "
             "(keras_thermo.equilibration.EquilibrationCheck; BayesianModel(temperature_check=False) "
             "turns the default check off.)"
         )
