@@ -429,6 +429,9 @@ class EquilibrationCheck(keras.callbacks.Callback):
             f"blocks of {self.block_steps} steps): " + "; ".join(lines) + ". " + cause(report) + " The "
             "papers' single thermostat (SGNHT, CCAdL, mCCAdL) holds the whole net's kinetic "
             "temperature, not each layer's: per_variable_thermostat=True gives each trainable tensor its own. "
+            "mCCAdL's C step uses the covariance of the step's own minibatch, which is biased where a few "
+            "examples carry most of the gradient noise (a classifier's logits once most examples are fitted): "
+            "MCCAdL(covariance='diag') uses CCAdL's moving average instead. "
             "(keras_thermo.equilibration.EquilibrationCheck; BayesianModel(temperature_check=False) "
             "turns the default check off.)"
         )

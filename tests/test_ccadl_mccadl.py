@@ -164,6 +164,48 @@ def test_mccadl_one_step_matches_hand_computation(expm, code, step):
     assert np.linalg.norm(c_matrix - np.eye(3)) > 0.3
 
 
+@pytest.mark.parametrize("step", [0, 4])
+def test_mccadl_averaged_diagonal_one_step_matches_hand_computation(step):
+    # covariance="diag": the C step is exp(-h (h/2) beta (N^2/n) I_t / M) elementwise, I_t the
+    # moving average of the per-coordinate variances (weight 1/(t+1) on this batch's, from zeros).
+    h, a, temp, mass, mu = 0.02, 1.5, 2.0, 2.0, 5.0
+    sampler = MCCAdL(h, friction=a, thermal_mass=mu, mass=mass, covariance="diag")
+    state = sampler.init(_params(), temperature=temp, seed=SEED)._replace(step=tf.constant(step, tf.int64))
+    new_params, new_state, logs = sampler.update(state, _params(), _force(), _context(temp))
+
+    average = np.diag(np.cov(PER_EXAMPLE.astype(np.float64), rowvar=False, ddof=1)) / (step + 1)
+    sigma = NUM_EXAMPLES**2 / BATCH * average / mass
+    c_factor = np.exp(-h * (h / 2) / temp * sigma)
+    p, theta, force = _flat(state.momentum), _flat(_params()), _flat(_force())
+
+    def d_step(xi, p):
+        return xi + (h / 2) / mu * (p @ p / mass - 3 * temp)
+
+    p = p + (h / 2 if step == 0 else h) * force
+    theta = theta + (h / 2) / mass * p
+    p = _o_step(p, a, h, a, temp, mass, _noise(step, kt_random.STREAM_MOMENTUM))
+    xi = d_step(a, p)
+    p = c_factor * p
+    xi = d_step(xi, p)
+    p = _o_step(p, xi, h, a, temp, mass, _noise(step, kt_random.STREAM_MOMENTUM_2))
+    theta = theta + (h / 2) / mass * p
+
+    np.testing.assert_allclose(_flat(new_state.covariance), average, rtol=1e-6)
+    np.testing.assert_allclose(_flat(new_state.momentum), p, rtol=2e-5, atol=1e-6)
+    np.testing.assert_allclose(_flat(new_params), theta, rtol=2e-5, atol=1e-6)
+    assert float(new_state.xi) == pytest.approx(xi, rel=2e-5)
+    assert float(logs["noise_scale"]) == pytest.approx(np.sum(sigma) / 3, rel=1e-5)
+    assert float(logs["expm_method"]) == -1 and float(logs["expm_matvecs"]) == 0
+    assert np.min(c_factor) < 0.95  # away from the identity: the C step was applied
+
+
+def test_mccadl_covariance_must_be_minibatch_or_diag():
+    with pytest.raises(ValueError, match="covariance"):
+        MCCAdL(1e-3, covariance="full")
+    with pytest.raises((TypeError, ValueError), match="covariance_window"):
+        MCCAdL(1e-3, covariance="diag", covariance_window=0)
+
+
 def test_c_step_shrinks_noisy_directions_and_leaves_quiet_ones():
     rng = np.random.default_rng(0)
     # Gc = a u^T + b v^T with u, v orthonormal directions of a 6-dimensional space and a, b
@@ -286,6 +328,7 @@ def test_fit_logs_diagnostics_and_saves_sampler_state(tmp_path):
     for sampler, keys in [
         (CCAdL(1e-3, covariance="full"), {"xi", "noise_scale"}),
         (MCCAdL(1e-3, expm="gram"), {"xi", "noise_scale", "expm_matvecs", "expm_method"}),
+        (MCCAdL(1e-3, covariance="diag", covariance_window=50), {"xi", "noise_scale", "expm_method"}),
     ]:
         net = testing.linear_regression_net(2)
         model = kt.BayesianModel(net, sampler, num_examples=64, prior=kt.priors.Gaussian(1.0), seed=0)

@@ -99,6 +99,8 @@ def _sampler(row: dict):
         options["sample_every"] = 1
     if row.get("per_variable_thermostat"):
         options["per_variable_thermostat"] = True
+    if row.get("covariance"):
+        options["covariance"] = row["covariance"]
     return kt.samplers.get(row["sampler"], step_size=step_size, **options)
 
 
@@ -204,6 +206,26 @@ PER_VARIABLE_THERMOSTAT_ROWS = [
 @pytest.mark.slow
 @pytest.mark.parametrize("row", PER_VARIABLE_THERMOSTAT_ROWS, ids=[r["sampler"] for r in PER_VARIABLE_THERMOSTAT_ROWS])
 def test_one_thermostat_per_tensor_composes_and_resumes(row, tmp_path):
+    check_combination(row, tmp_path)
+
+
+# mCCAdL's C step fed CCAdL's moving-average covariance (`covariance="diag"`, an mCCAdL option
+# only): the rows together cover chains, both preconditioners, the cyclical and automatic steps,
+# every layer type, both outputs and XLA. Slow like the rows above; the default suite fits,
+# saves and loads it in tests/test_ccadl_mccadl.py.
+MCCADL_AVERAGED_COVARIANCE_ROWS = [
+    {"sampler": "mccadl", "num_chains": 2, "preconditioner": "layerwise", "schedule": "cyclical", "net": "lstm",
+     "outputs": "logits", "jit_compile": False, "covariance": "diag"},
+    {"sampler": "mccadl", "num_chains": 1, "preconditioner": "rmsprop", "schedule": "auto", "net": "conv",
+     "outputs": "softmax", "jit_compile": True, "covariance": "diag", "per_variable_thermostat": True},
+    {"sampler": "mccadl", "num_chains": 2, "preconditioner": None, "schedule": "constant", "net": "dense",
+     "outputs": "softmax", "jit_compile": False, "covariance": "diag"},
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", MCCADL_AVERAGED_COVARIANCE_ROWS, ids=[r["net"] for r in MCCADL_AVERAGED_COVARIANCE_ROWS])
+def test_mccadl_averaged_covariance_composes_and_resumes(row, tmp_path):
     check_combination(row, tmp_path)
 
 

@@ -11,6 +11,7 @@ from scipy import stats
 from benchmarks import regression_uncertainty as bench
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "regression_uncertainty"
+DIABETES_TEST_ROWS = 221
 
 
 @pytest.mark.parametrize("rows", [20, 88, 400])
@@ -49,6 +50,8 @@ def test_committed_tables_are_those_of_the_committed_results():
     (["--chains", "0"], "--chains must be a positive integer, got 0"),
     (["--splits", "-1"], "--splits must be 0 (the toy only) or more, got -1"),
     (["--splits", "0", "--skip-toy"], "--splits 0 with --skip-toy leaves nothing to run"),
+    (["--test-fraction", "1"], "--test-fraction must lie strictly between 0 and 1, got 1.0"),
+    (["--test-fraction", "0"], "--test-fraction must lie strictly between 0 and 1, got 0.0"),
 ])
 def test_bad_chains_or_splits_are_refused_with_the_value(args, message, capsys):
     with pytest.raises(SystemExit):
@@ -77,3 +80,13 @@ def test_committed_toy_with_chains_tables_are_those_of_its_results():
     for method, figures in report["toy"].items():
         if method in bench.SAMPLERS and "rmse" in figures:
             assert figures["chains"] > 1 and len(figures["chain_gap_ratios"]) == figures["chains"]
+
+
+def test_half_the_diabetes_rows_test_by_default_and_earlier_reports_keep_their_split():
+    # 221 test rows: a calibrated interval passes the coverage band on all five splits with
+    # probability 0.94 (0.57 on the 88 rows of an 80/20 split).
+    assert DIABETES_TEST_ROWS == 442 - bench.train_rows(442) == 221
+    assert bench.calibrated_band_probability(221) ** 5 > 0.93
+    assert bench.calibrated_band_probability(442 - bench.train_rows(442, 0.2)) ** 5 < 0.6
+    earlier = json.loads((RESULTS / "results.json").read_text())
+    assert "random 80/20 splits" in bench.markdown_tables(earlier)  # written before the fraction was recorded

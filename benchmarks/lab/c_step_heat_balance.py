@@ -24,6 +24,21 @@ thermostat or a temperature check fed the step-end kinetic temperature then acts
 not on the positions.
 
     python -m benchmarks.lab.c_step_heat_balance --out benchmarks/results/c_step_heat_balance.json
+
+With `--per-example n` the force noise is a minibatch mean instead: `n` per-example terms `e_i`
+(variance `x / h^2` for their mean), drawn from a mixture in which a fraction `--tail-fraction q`
+of the examples carries 90% of the variance (`q = 1`: Gaussian). This is the per-example
+gradient noise of a layer where a few examples dominate (a net's logits at low training loss: the
+misclassified examples). The covariance friction then uses an estimate, the unbiased sample
+variance of the `e_i`, from the minibatch `--pairing` names: `same`, the minibatch whose kick
+the step has just taken (mCCAdL's listing, `keras_thermo.samplers.mccadl`; for CCAdL's Euler
+update the friction acts on the momentum before the kick, so the same minibatch is still
+independent of what it damps); `independent`, another minibatch of the same size; `averaged`,
+the same minibatch's estimate averaged over the steps with CCAdL's weights `max(1/t, 1/W)`,
+W = 100 (`keras_thermo.samplers.ccadl`); `exact`, the true variance (the Gaussian runs above).
+
+    python -m benchmarks.lab.c_step_heat_balance --per-example 32 --tail-fraction 1 0.05 0.01 \
+        --pairing exact same independent averaged --xs 0.1 0.5 --out benchmarks/results/c_step_estimate_pairing.json
 """
 
 from __future__ import annotations
@@ -36,15 +51,36 @@ import time
 import numpy as np
 
 SPLITTINGS = ("ccadl", "mccadl")
+PAIRINGS = ("exact", "same", "independent", "averaged")
+AVERAGE_WINDOW = 100  # the `averaged` pairing: weights max(1/t, 1/W), as CCAdL's `covariance_window`
+
+
+def per_example_terms(rng, chains: int, count: int, tail_fraction: float) -> np.ndarray:
+    """`[chains, count]` per-example noise terms of unit variance: Gaussian for `tail_fraction`
+    1, else a mixture where a fraction `tail_fraction` of the examples carries 90% of it."""
+    normal = rng.normal(size=(chains, count))
+    if tail_fraction >= 1.0:
+        return normal
+    heavy = rng.random((chains, count)) < tail_fraction
+    return normal * np.where(heavy, np.sqrt(0.9 / tail_fraction), np.sqrt(0.1 / (1.0 - tail_fraction)))
 
 
 def simulate(splitting: str, x: float, *, h: float, friction: float, lam: float, temperature: float,
-             chains: int, steps: int, burn_in: int, seed: int) -> dict:
+             chains: int, steps: int, burn_in: int, seed: int, per_example: int = 0, tail_fraction: float = 1.0,
+             pairing: str = "exact") -> dict:
     """Runs `chains` independent chains of one splitting; returns the temperatures' means and
-    standard errors (over chains) after `burn_in` steps."""
+    standard errors (over chains) after `burn_in` steps. `per_example` > 0: the force noise is
+    the mean of that many `per_example_terms` and the covariance friction uses the estimate that
+    `pairing` names (module doc)."""
+    if pairing not in PAIRINGS:
+        raise ValueError(f"pairing must be one of {PAIRINGS}, got {pairing!r}")
+    if per_example == 1 or per_example < 0:
+        raise ValueError(f"per_example must be 0 (Gaussian force noise) or at least 2, got {per_example}")
     rng = np.random.default_rng(seed)
     beta = 1.0 / temperature
     sigma = np.sqrt(x / (h * h * beta))  # x = h^2 beta sigma^2
+    # x of each step: the exact one, or h^2 beta times the estimated variance of the force noise.
+    x_step = np.full(chains, x)
     theta = rng.normal(0.0, np.sqrt(temperature / lam), chains)
     p = rng.normal(0.0, np.sqrt(temperature), chains)
     kinetic = np.zeros(chains)
@@ -52,18 +88,29 @@ def simulate(splitting: str, x: float, *, h: float, friction: float, lam: float,
     configurational = np.zeros(chains)
     half_decay = np.exp(-friction * h / 2)
     o_noise = np.sqrt(temperature * (1.0 - np.exp(-friction * h)))
-    c_factor = np.exp(-x / 2)
     for step in range(steps):
-        force = -lam * theta + sigma * rng.normal(size=chains)
+        if per_example:
+            terms = per_example_terms(rng, chains, per_example, tail_fraction)
+            force = -lam * theta + sigma * np.sqrt(per_example) * terms.mean(axis=1)
+            if pairing != "exact":
+                if pairing == "independent":
+                    terms = per_example_terms(rng, chains, per_example, tail_fraction)
+                estimate = x * terms.var(axis=1, ddof=1)
+                if pairing == "averaged":
+                    weight = max(1.0 / (step + 1), 1.0 / AVERAGE_WINDOW)
+                    estimate = estimate if step == 0 else (1.0 - weight) * x_step + weight * estimate
+                x_step = estimate
+        else:
+            force = -lam * theta + sigma * rng.normal(size=chains)
         if splitting == "ccadl":
-            p = p + h * force - (x / 2) * p - friction * h * p + np.sqrt(2 * friction * temperature * h) * rng.normal(size=chains)
+            p = p + h * force - (x_step / 2) * p - friction * h * p + np.sqrt(2 * friction * temperature * h) * rng.normal(size=chains)
             theta = theta + h * p
         else:
             p = p + h * force
             theta = theta + (h / 2) * p
             p = half_decay * p + o_noise * rng.normal(size=chains)
             before_c = p * p
-            p = c_factor * p
+            p = np.exp(-x_step / 2) * p
             if step >= burn_in:
                 around_c += (before_c + p * p) / 2
             p = half_decay * p + o_noise * rng.normal(size=chains)
@@ -89,19 +136,41 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--burn-in", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--per-example", type=int, default=0,
+                        help="examples per minibatch of the force noise (0: Gaussian noise, exact covariance)")
+    parser.add_argument("--tail-fraction", nargs="+", type=float, default=[1.0],
+                        help="with --per-example: fractions q in (0, 1] of examples carrying 90%% of the noise")
+    parser.add_argument("--pairing", nargs="+", choices=PAIRINGS, default=["exact"],
+                        help="with --per-example: whose minibatch the covariance estimate comes from")
     args = parser.parse_args(argv)
+    if args.per_example == 1 or args.per_example < 0:
+        parser.error(f"--per-example must be 0 or at least 2, got {args.per_example}")
+    if any(not 0.0 < q <= 1.0 for q in args.tail_fraction):
+        parser.error(f"--tail-fraction values must lie in (0, 1], got {args.tail_fraction}")
+    if not args.per_example and (args.tail_fraction != [1.0] or args.pairing != ["exact"]):
+        parser.error("--tail-fraction and --pairing need --per-example")
     start = time.perf_counter()
     runs = []
-    for x in args.xs:
-        for index, splitting in enumerate(SPLITTINGS):
-            result = simulate(splitting, x, h=args.step_size, friction=args.friction, lam=1.0, temperature=1.0,
-                              chains=args.chains, steps=args.steps, burn_in=args.burn_in, seed=args.seed + index)
-            runs.append({"splitting": splitting, "x": x, **result})
-            print(f"x = {x:g} {splitting:8s} " + "  ".join(
-                f"{kind} {figures['mean']:.4f} +- {figures['standard_error']:.4f}" for kind, figures in result.items()), flush=True)
+    for q in args.tail_fraction:
+        for pairing in args.pairing:
+            for x in args.xs:
+                for index, splitting in enumerate(SPLITTINGS):
+                    result = simulate(splitting, x, h=args.step_size, friction=args.friction, lam=1.0, temperature=1.0,
+                                      chains=args.chains, steps=args.steps, burn_in=args.burn_in, seed=args.seed + index,
+                                      per_example=args.per_example, tail_fraction=q, pairing=pairing)
+                    noise = {"tail_fraction": q, "pairing": pairing} if args.per_example else {}
+                    runs.append({"splitting": splitting, "x": x, **noise, **result})
+                    label = f"q = {q:g} {pairing:11s} " if args.per_example else ""
+                    print(f"{label}x = {x:g} {splitting:8s} " + "  ".join(
+                        f"{kind} {figures['mean']:.4f} +- {figures['standard_error']:.4f}"
+                        for kind, figures in result.items()), flush=True)
     report = {
         "command": "python -m benchmarks.lab.c_step_heat_balance " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
-        "model": "one coordinate, U = theta^2 / 2, T = 1, unit mass, force noise variance x / h^2, no thermostat",
+        "model": "one coordinate, U = theta^2 / 2, T = 1, unit mass, force noise variance x / h^2, no thermostat"
+                 + (f"; force noise the mean of {args.per_example} per-example terms, a fraction tail_fraction of "
+                    "them carrying 90% of the variance; covariance friction from the estimate `pairing` names"
+                    if args.per_example else ""),
+        "per_example": args.per_example,
         "step_size": args.step_size, "friction": args.friction, "chains": args.chains, "steps": args.steps,
         "burn_in": args.burn_in,
         "runs": runs, "seconds": time.perf_counter() - start,

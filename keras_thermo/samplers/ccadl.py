@@ -38,7 +38,7 @@ import tensorflow as tf
 from keras_thermo import _tree
 from keras_thermo import random as kt_random
 from keras_thermo._validation import check_choice, check_int
-from keras_thermo.samplers import auto_step, integrators
+from keras_thermo.samplers import auto_step, covariance_average, integrators
 from keras_thermo.samplers.base import StepContext, force_noise_scale, num_scalars, require_per_example_gradients
 from keras_thermo.samplers.thermostat import DEFAULT_WARMUP_STEPS, ThermostatSampler
 
@@ -149,7 +149,7 @@ class CCAdL(ThermostatSampler):
                 )
             average = tf.zeros([num_params, num_params], integrators.THERMOSTAT_DTYPE)
         else:
-            average = [tf.zeros(p.shape, integrators.THERMOSTAT_DTYPE) for p in params]
+            average = covariance_average.zeros_like_variables(params)
         momentum, xi, friction = self.initial_momentum_and_xi(params, temperature=temperature, seed=seed)
         return CCAdLState(
             step=tf.constant(0, tf.int64), momentum=momentum, xi=xi, covariance=average,
@@ -186,10 +186,7 @@ class CCAdL(ThermostatSampler):
         The covariance friction `(h/2) beta Sigma` is several times A at the step sizes where
         CCAdL is stable, so a few percent of excess friction holds the chain cold while xi,
         restarted at A, sinks below A to make up for it (too slowly to keep the temperature)."""
-        weight = 1.0 / tf.cast(self.steps_since_start(step) + 1, integrators.THERMOSTAT_DTYPE)
-        if self.covariance_window is None:
-            return weight
-        return tf.maximum(weight, tf.constant(1.0 / self.covariance_window, integrators.THERMOSTAT_DTYPE))
+        return covariance_average.average_weight(self.steps_since_start(step), self.covariance_window)
 
     def _moving_average(self, state: CCAdLState, per_example, params):
         """`I_t = (1 - k_t) I_{t-1} + k_t V(theta_t)` in float64."""
@@ -198,8 +195,7 @@ class CCAdL(ThermostatSampler):
         if self.covariance == "full":
             current = tf.cast(per_example.full_covariance(), f64)
             return (1.0 - weight) * state.covariance + weight * current
-        current = _tree.unflatten(per_example.diagonal_covariance(), params)
-        return [(1.0 - weight) * old + weight * tf.cast(new, f64) for old, new in zip(state.covariance, current)]
+        return covariance_average.diagonal_average(state.covariance, per_example, params, weight)
 
     def _covariance_times(self, average, momentum, params) -> list[tf.Tensor]:
         """`I_t p`, per variable (float32, like the momenta)."""

@@ -21,6 +21,14 @@ kick of step t and the opening half kick of step t+1 use the same force, so each
 one kick `h F(theta_t)` (a half kick on the very first step), then A O D C D O A. The covariance of
 the C step is that of the minibatch whose force opened the step, as in the paper's listing, where
 the force closing one iteration (and its minibatch) is reused at the start of the next.
+
+`covariance="diag"` replaces that minibatch covariance by CCAdL's moving average of the
+per-coordinate variances `I_t` (`keras_thermo.samplers.covariance_average`), still integrated
+exactly, now elementwise: `p <- exp(-h (h/2) beta (N^2/n) I_t / M) p`. The minibatch's own
+covariance is large exactly when its kick is where a few examples carry most of the gradient
+noise, so the paper's C step damps the kick it has just received and the positions run cold
+there (the covariance_average module doc); the average is nearly independent of any one kick.
+It drops the off-diagonal covariance, as CCAdL's default does.
 """
 
 from __future__ import annotations
@@ -33,10 +41,16 @@ import tensorflow as tf
 from keras_thermo import _tree
 from keras_thermo import linalg as kt_linalg
 from keras_thermo.linalg.operators import CenteredRows, symmetrized
-from keras_thermo._validation import check_choice
-from keras_thermo.samplers import auto_step, integrators
+from keras_thermo._validation import check_choice, check_int
+from keras_thermo.samplers import auto_step, covariance_average, integrators
 from keras_thermo.samplers.base import StepContext, force_noise_scale, num_scalars, require_per_example_gradients
 from keras_thermo.samplers.thermostat import DEFAULT_WARMUP_STEPS, ThermostatSampler
+
+
+COVARIANCES = ("minibatch", "diag")
+
+#: `expm_method` logged by `covariance="diag"`: an elementwise exponential, no matrix products.
+ELEMENTWISE = -1
 
 
 class MCCAdLState(NamedTuple):
@@ -45,6 +59,7 @@ class MCCAdLState(NamedTuple):
     xi: tf.Tensor
     preconditioner: tuple = ()
     friction: tf.Tensor = 0.0  # A of the last step (`ThermostatSampler.follow_friction`), float64
+    covariance: list | tuple = ()  # `covariance="diag"`: the moving-average variances I_t, float64
 
 
 class ScaledColumns(CenteredRows):
@@ -168,6 +183,11 @@ class MCCAdL(ThermostatSampler):
             or a `preconditioning.Preconditioner`: the mass becomes `M diag(m)`.
         per_variable_thermostat: One xi per trainable tensor instead of the papers' one for the
             net (as `SGNHT`; `ThermostatSampler`); logged `xi` is then their mean.
+        covariance: `"minibatch"` (the paper's: the full covariance of the step's minibatch, by
+            `expm`) or `"diag"` (CCAdL's moving average of the per-coordinate variances,
+            integrated exactly; module doc).
+        covariance_window: With `"diag"`: None averages with weights 1/t from the restart after
+            the warm-up; W >= 1 gives `max(1/t, 1/W)`, as `CCAdL`.
         warmup_steps: W >= 0 (default 1000): the papers' update restarts at step W with `xi = A`
             and fresh `p ~ N(0, T M)` (as `SGNHT`; `ThermostatSampler`).
 
@@ -197,18 +217,25 @@ class MCCAdL(ThermostatSampler):
         preconditioner=None,
         warmup_steps: int = DEFAULT_WARMUP_STEPS,
         per_variable_thermostat: bool = False,
+        covariance: str = "minibatch",
+        covariance_window: int | None = None,
     ):
         super().__init__(
             step_size, friction=friction, thermal_mass=thermal_mass, mass=mass, preconditioner=preconditioner,
             warmup_steps=warmup_steps, per_variable_thermostat=per_variable_thermostat,
         )
         self.expm = check_choice("expm", expm, kt_linalg.dispatch.METHODS)
+        self.covariance = check_choice("covariance", covariance, COVARIANCES)
+        self.covariance_window = (
+            None if covariance_window is None else check_int("covariance_window", covariance_window, low=1)
+        )
 
     def init(self, params: Sequence[tf.Tensor], *, temperature: float, seed: int) -> MCCAdLState:
         momentum, xi, friction = self.initial_momentum_and_xi(params, temperature=temperature, seed=seed)
         return MCCAdLState(
             step=tf.constant(0, tf.int64), momentum=momentum, xi=xi, preconditioner=self.init_preconditioner(params),
             friction=friction,
+            covariance=covariance_average.zeros_like_variables(params) if self.covariance == "diag" else (),
         )
 
     def update(self, state: MCCAdLState, params, force, context: StepContext):
@@ -217,10 +244,25 @@ class MCCAdL(ThermostatSampler):
         num_params = num_scalars(params)
         beta = 1.0 / context.temperature
 
-        centered = per_example.covariance_factor()
         rows = per_example.count
         state, mass, preconditioner, restarted = self.start_step(state, params, force, context)
-        if self.preconditioner is None:
+        average = state.covariance
+        if self.covariance == "diag":
+            weight = covariance_average.average_weight(self.steps_since_start(state.step), self.covariance_window)
+            average = covariance_average.diagonal_average(state.covariance, per_example, params, weight)
+            # Sigma = (N^2/n) I_t / M per coordinate (M the scalar or diagonal mass): the exact flow
+            # of dp = -(h/2) beta Sigma p dt over h is elementwise (derivation as below).
+            inverse_mass = [1.0 / m for m in integrators.per_tensor(mass, len(params))]
+            rate = h * (0.5 * h) * beta * force_noise_scale(context)
+
+            def c_step(momentum):
+                return [p * tf.exp(-rate * integrators.as_float32(v) * w)
+                        for p, v, w in zip(momentum, average, inverse_mass)], (0, ELEMENTWISE)
+
+            noise_trace = force_noise_scale(context) * tf.add_n(
+                [tf.reduce_sum(integrators.as_float32(v) * w) for v, w in zip(average, inverse_mass)])
+        elif self.preconditioner is None:
+            centered = per_example.covariance_factor()
             # The papers' Sigma is the force covariance over the mass, (N^2/n) Gc^T Gc / ((n-1) M),
             # so h (h/2) beta Sigma = tau Gc^T Gc with:
             sigma_scale = force_noise_scale(context) / self.mass
@@ -232,6 +274,7 @@ class MCCAdL(ThermostatSampler):
 
             noise_trace = sigma_scale * per_example.covariance_trace()
         else:
+            centered = per_example.covariance_factor()
             # Diagonal mass M: Sigma = M^-1/2 B M^-1/2 with B = (N^2/n) Gc^T Gc / (n-1), the force
             # noise seen by q = M^-1/2 p (derived in `keras_thermo.samplers.ccadl`). The C step is
             # the exact flow of dq = -(h/2) beta Sigma q dt over h: q <- exp(-tau Gs^T Gs) q with
@@ -267,9 +310,11 @@ class MCCAdL(ThermostatSampler):
             "expm_method": tf.cast(method_code, tf.float32),
         }
         new_state = MCCAdLState(
-            step=state.step + 1, momentum=momentum, xi=xi, preconditioner=preconditioner, friction=state.friction
+            step=state.step + 1, momentum=momentum, xi=xi, preconditioner=preconditioner, friction=state.friction,
+            covariance=average,
         )
         return new_params, new_state, diagnostics
 
     def get_config(self):
-        return {**super().get_config(), "expm": self.expm}
+        return {**super().get_config(), "expm": self.expm, "covariance": self.covariance,
+                "covariance_window": self.covariance_window}
