@@ -5,7 +5,8 @@ fit of the same net and a deep ensemble of MAP nets.
 
 Two data sets, both available offline:
 
-- scikit-learn's bundled diabetes data (442 rows, 10 features), 5 random 80/20 splits. Inputs
+- scikit-learn's bundled diabetes data (442 rows, 10 features), 5 random splits, half of the
+  rows held out for testing (`--test-fraction`; 0.2 gave the committed 80/20 run). Inputs
   are standardized with the training split's statistics and targets with
   `kt.regression.TargetScaler`; every metric is reported on the targets' own scale.
 - a 1-D toy, `y = x sin(x) + N(0, 0.3^2)`, with its inputs in two clusters `[-4, -1.5]` and
@@ -251,9 +252,24 @@ def evaluate_methods(x_train, y_train, x_eval_sets, args, seed: int, samplers) -
 # Diabetes
 
 
-def train_rows(num_rows: int) -> int:
-    """The rows of an 80/20 split that train."""
-    return int(round(0.8 * num_rows))
+#: The diabetes rows held out for testing. Half: on 221 test rows an exactly calibrated 90%
+#: interval covers a fraction inside COVERAGE_BAND on all five splits with probability 0.94; on
+#: the 88 rows of an 80/20 split, 0.57 (`calibrated_band_probability`), a target that a correct
+#: posterior misses on some split about every other run.
+DEFAULT_TEST_FRACTION = 0.5
+#: The test fraction of reports written before it was recorded (the 80/20 runs).
+EARLIER_TEST_FRACTION = 0.2
+
+
+def train_rows(num_rows: int, test_fraction: float = DEFAULT_TEST_FRACTION) -> int:
+    """The rows of a split holding out `test_fraction` of `num_rows` that train."""
+    return int(round((1.0 - test_fraction) * num_rows))
+
+
+def split_name(test_fraction: float) -> str:
+    """`"50/50"` for 0.5, `"80/20"` for 0.2: train / test percentages."""
+    test = round(100 * test_fraction)
+    return f"{100 - test}/{test}"
 
 
 def diabetes(args) -> dict:
@@ -265,7 +281,8 @@ def diabetes(args) -> dict:
     splits = []
     for split in range(args.splits):
         order = np.random.default_rng(split).permutation(x_all.shape[0])
-        train, test = order[:train_rows(x_all.shape[0])], order[train_rows(x_all.shape[0]):]
+        kept = train_rows(x_all.shape[0], args.test_fraction)
+        train, test = order[:kept], order[kept:]
         print(f"diabetes split {split}", flush=True)
         results = evaluate_methods(x_all[train], y_all[train], {"test": x_all[test]}, args, split, args.samplers)
         splits.append({
@@ -293,7 +310,7 @@ def diabetes(args) -> dict:
                 "nll_at_most_map": bool(m["nll"] <= s["map"]["nll"]),
             })
         targets[method] = {key: sum(p[key] for p in per_split) for key in per_split[0]}
-    return {"splits": splits, "summary": summary, "targets_met_on_splits": targets}
+    return {"test_fraction": args.test_fraction, "splits": splits, "summary": summary, "targets_met_on_splits": targets}
 
 
 # --------------------------------------------------------------------------------------------
@@ -392,8 +409,9 @@ def markdown_tables(report: dict) -> str:
 def _diabetes_table(diabetes: dict) -> list[str]:
     summary, met = diabetes["summary"], diabetes["targets_met_on_splits"]
     splits = len(diabetes["splits"])
+    test_fraction = diabetes.get("test_fraction", EARLIER_TEST_FRACTION)
     lines = [
-        f"Diabetes, {splits} random 80/20 splits, original scale (mean +- sd over splits); the last three "
+        f"Diabetes, {splits} random {split_name(test_fraction)} splits, original scale (mean +- sd over splits); the last three "
         "columns count the splits meeting each target.",
         "",
         "| method | RMSE | NLL | 90% coverage | 90% width | CRPS | RMSE <= 1.05 OLS | coverage in [0.85, 0.95] | NLL <= MAP |",
@@ -412,7 +430,7 @@ def _diabetes_table(diabetes: dict) -> list[str]:
     if diverged:
         lines += ["", "Diverged (`SamplerDivergedError`; scored above on the samples taken before it): "
                   + "; ".join(diverged) + "."]
-    test_rows = DIABETES_ROWS - train_rows(DIABETES_ROWS)
+    test_rows = DIABETES_ROWS - train_rows(DIABETES_ROWS, test_fraction)
     per_split = calibrated_band_probability(test_rows)
     lines += [
         "",
@@ -465,6 +483,8 @@ def main(argv=None) -> None:
     parser.add_argument("--start", choices=("init", "map"), default="init",
                         help="start the samplers at Keras' initialisation (seeded) or at the first MAP net")
     parser.add_argument("--skip-toy", action="store_true")
+    parser.add_argument("--test-fraction", type=float, default=DEFAULT_TEST_FRACTION,
+                        help="the diabetes rows held out for testing, in (0, 1) (default 0.5)")
     parser.add_argument("--chains", type=int, default=1,
                         help="chains per sampler, run together in one fit and pooled (default 1)")
     parser.add_argument("--table-from", metavar="RESULTS_JSON",
@@ -474,6 +494,8 @@ def main(argv=None) -> None:
         parser.error(f"--chains must be a positive integer, got {args.chains}")
     if args.splits < 0:
         parser.error(f"--splits must be 0 (the toy only) or more, got {args.splits}")
+    if not 0.0 < args.test_fraction < 1.0:
+        parser.error(f"--test-fraction must lie strictly between 0 and 1, got {args.test_fraction}")
     if args.splits == 0 and args.skip_toy:
         parser.error("--splits 0 with --skip-toy leaves nothing to run")
     if args.table_from:
@@ -502,7 +524,8 @@ def main(argv=None) -> None:
                         f"{'the first MAP net' if args.start == 'map' else 'Keras initialisation (seeded)'}, {args.steps} steps "
                         f"(whole epochs), burn-in {args.burn_in}, a sample every {args.every} steps",
             "ols": "least squares with intercept, Gaussian predictive N(x b, s^2 (1 + x (X^T X)^-1 x^T))",
-            "diabetes": f"sklearn load_diabetes, {args.splits} random 80/20 splits (numpy default_rng(split))",
+            "diabetes": f"sklearn load_diabetes, {args.splits} random {split_name(args.test_fraction)} splits "
+                        "(numpy default_rng(split))",
             "toy": "y = x sin x + N(0, 0.3^2), 80 + 80 inputs uniform on [-4, -1.5] and [1.5, 4], 200 test "
                    f"points the same way; epistemic std averaged over a grid in |x| < {GAP} (gap) and in the "
                    "clusters (data)",
