@@ -259,6 +259,8 @@ def evaluate_methods(x_train, y_train, x_eval_sets, args, seed: int, samplers) -
 DEFAULT_TEST_FRACTION = 0.5
 #: The test fraction of reports written before it was recorded (the 80/20 runs).
 EARLIER_TEST_FRACTION = 0.2
+#: The fewest rows `--test-fraction` may leave on either side of a split (a variance needs two).
+MIN_SPLIT_ROWS = 2
 
 
 def train_rows(num_rows: int, test_fraction: float = DEFAULT_TEST_FRACTION) -> int:
@@ -494,8 +496,10 @@ def main(argv=None) -> None:
         parser.error(f"--chains must be a positive integer, got {args.chains}")
     if args.splits < 0:
         parser.error(f"--splits must be 0 (the toy only) or more, got {args.splits}")
-    if not 0.0 < args.test_fraction < 1.0:
-        parser.error(f"--test-fraction must lie strictly between 0 and 1, got {args.test_fraction}")
+    test_rows = DIABETES_ROWS - train_rows(DIABETES_ROWS, args.test_fraction) if 0.0 < args.test_fraction < 1.0 else 0
+    if not MIN_SPLIT_ROWS <= test_rows <= DIABETES_ROWS - MIN_SPLIT_ROWS:
+        parser.error(f"--test-fraction must lie strictly between 0 and 1 and leave at least {MIN_SPLIT_ROWS} of the "
+                     f"{DIABETES_ROWS} diabetes rows on each side, got {args.test_fraction}")
     if args.splits == 0 and args.skip_toy:
         parser.error("--splits 0 with --skip-toy leaves nothing to run")
     if args.table_from:

@@ -165,6 +165,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
                 raise ValueError(f"`burn_in_steps` must be 'auto' or an int >= 0, got {burn_in_steps!r}.")
             burn_in_steps = check_int("burn_in_steps", burn_in_steps, low=0)
         self.burn_in_steps = burn_in_steps
+        self._sampler_hint = ""
         self.block_steps = check_int("block_steps", block_steps, low=1)
         self.min_blocks = check_int("min_blocks", min_blocks, low=2)
         self.confidence = check_number("confidence", confidence, low=0.0, high=1.0, high_inclusive=False)
@@ -219,6 +220,9 @@ class EquilibrationCheck(keras.callbacks.Callback):
         # Before the end of a temperature ramp or of the sampler's warm-up the chain does not
         # yet run the papers' dynamics at T: those steps never count, nor start a recording.
         self._earliest_recording_step = max(int(ramp_end), model.sampler.adaptation_steps)
+        # A sampler's own advice for a run off T (`MCCAdL.not_at_temperature_hint`), if it has one.
+        hint = getattr(model.sampler, "not_at_temperature_hint", "")
+        self._sampler_hint = f"{hint} " if hint else ""
         return self.recorder
 
     def link(self, callback) -> None:
@@ -429,9 +433,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
             f"blocks of {self.block_steps} steps): " + "; ".join(lines) + ". " + cause(report) + " The "
             "papers' single thermostat (SGNHT, CCAdL, mCCAdL) holds the whole net's kinetic "
             "temperature, not each layer's: per_variable_thermostat=True gives each trainable tensor its own. "
-            "mCCAdL's C step uses the covariance of the step's own minibatch, which is biased where a few "
-            "examples carry most of the gradient noise (a classifier's logits once most examples are fitted): "
-            "MCCAdL(covariance='diag') uses CCAdL's moving average instead. "
+            + self._sampler_hint +
             "(keras_thermo.equilibration.EquilibrationCheck; BayesianModel(temperature_check=False) "
             "turns the default check off.)"
         )

@@ -199,11 +199,47 @@ def test_mccadl_averaged_diagonal_one_step_matches_hand_computation(step):
     assert np.min(c_factor) < 0.95  # away from the identity: the C step was applied
 
 
+def test_mccadl_averaged_diagonal_keeps_a_windowed_average_and_restarts_it_after_the_warm_up():
+    sampler = MCCAdL(0.02, friction=1.5, covariance="diag", covariance_window=2, warmup_steps=3)
+    params = _params()
+    state = sampler.init(params, temperature=1.0, seed=SEED)
+    batches = [PER_EXAMPLE, 2.0 * PER_EXAMPLE[::-1], PER_EXAMPLE + np.float32(1.5) * PER_EXAMPLE**2]
+    variances = [np.diag(np.cov(b.astype(np.float64), rowvar=False, ddof=1)) for b in batches]
+    for batch in batches:
+        _, state, _ = sampler.update(state, params, _force(), _context(1.0, batch))
+    # Weights max(1/t, 1/2): 1, 1/2, 1/2.
+    expected = 0.5 * (0.5 * variances[0] + 0.5 * variances[1]) + 0.5 * variances[2]
+    np.testing.assert_allclose(_flat(state.covariance), expected, rtol=1e-6)
+    # Step 3 is the restart after the warm-up: the average starts again from this minibatch.
+    _, state, _ = sampler.update(state, params, _force(), _context(1.0, batches[1]))
+    np.testing.assert_allclose(_flat(state.covariance), variances[1], rtol=1e-6)
+
+
+@pytest.mark.parametrize("preconditioner", [None, "layerwise"])
+def test_mccadl_averaged_and_minibatch_c_steps_agree_on_one_scalar_at_the_first_step(preconditioner):
+    # With one trainable scalar the covariance is its variance, and at the first step the average
+    # is this minibatch's: both C steps are then the same exponential, masses included.
+    params, force = [tf.constant([0.5])], [tf.constant([1.0])]
+    per_example = np.array([[0.3], [-1.1], [2.0], [0.4]], np.float32)
+    results = []
+    for covariance in ("minibatch", "diag"):
+        sampler = MCCAdL(0.05, friction=1.5, mass=2.0, covariance=covariance, preconditioner=preconditioner)
+        state = sampler.init(params, temperature=1.0, seed=SEED)
+        results.append(sampler.update(state, params, force, _context(1.0, per_example)))
+    (p_mini, s_mini, _), (p_diag, s_diag, _) = results
+    np.testing.assert_allclose(_flat(s_diag.momentum), _flat(s_mini.momentum), rtol=1e-5)
+    np.testing.assert_allclose(_flat(p_diag), _flat(p_mini), rtol=1e-6)
+
+
 def test_mccadl_covariance_must_be_minibatch_or_diag():
-    with pytest.raises(ValueError, match="covariance"):
+    with pytest.raises(ValueError, match="'minibatch' .* already uses the full covariance"):
         MCCAdL(1e-3, covariance="full")
+    with pytest.raises(ValueError, match="covariance.*'dense'"):
+        MCCAdL(1e-3, covariance="dense")
     with pytest.raises((TypeError, ValueError), match="covariance_window"):
         MCCAdL(1e-3, covariance="diag", covariance_window=0)
+    with pytest.raises(ValueError, match="covariance_window applies only to covariance='diag'"):
+        MCCAdL(1e-3, covariance_window=50)
 
 
 def test_c_step_shrinks_noisy_directions_and_leaves_quiet_ones():
@@ -340,8 +376,12 @@ def test_fit_logs_diagnostics_and_saves_sampler_state(tmp_path):
         model.save(path)
         restored = keras.saving.load_model(path)
         assert restored.sampler.get_config() == sampler.get_config()
-        for saved, loaded in zip(tf.nest.flatten(model.sampler_state()), tf.nest.flatten(restored.sampler_state())):
+        saved_state, loaded_state = tf.nest.flatten(model.sampler_state()), tf.nest.flatten(restored.sampler_state())
+        assert len(saved_state) == len(loaded_state)
+        for saved, loaded in zip(saved_state, loaded_state):
             np.testing.assert_array_equal(saved.numpy(), loaded.numpy())
+        if getattr(sampler, "covariance", None) == "diag" and sampler.name == "mccadl":
+            assert np.all(_flat(restored.sampler_state().covariance) > 0)  # the average was saved
         assert restored.sampler_step == 8
 
 
@@ -463,3 +503,24 @@ def test_ccadl_divergence_error_names_a_step_size_that_works():
     model = _fit(CCAdL(suggested, friction=1.0), x, y, batch_size, steps=256)
     assert model.sampler_step == 256
 
+
+
+def test_the_temperature_warning_names_the_averaged_covariance_for_mccadl_with_the_minibatch_one_only():
+    from keras_thermo.equilibration import EquilibrationCheck
+
+    report = {"temperature": 1.0, "equilibration_step": 100, "num_blocks": 10,
+              "overall": {"kinetic": {"mean": 1.0, "standard_error": 0.01, "in_band": True},
+                          "configurational": {"mean": 0.8, "standard_error": 0.01, "in_band": False}},
+              "variables": []}
+    messages = {}
+    for label, sampler in [("minibatch", MCCAdL(1e-3)), ("diag", MCCAdL(1e-3, covariance="diag")),
+                           ("sgnht", SGNHT(1e-3))]:
+        x, y = testing.linear_regression_data(32, 2, seed=0)
+        model = kt.BayesianModel(testing.linear_regression_net(2), sampler, num_examples=32, temperature_check=False)
+        model.compile(loss="mse")
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+        check = EquilibrationCheck(warn=False)
+        check.attach(model)
+        messages[label] = check._describe_failures(report)
+    assert "MCCAdL(covariance='diag')" in messages["minibatch"]
+    assert "MCCAdL(covariance='diag')" not in messages["diag"] and "MCCAdL(covariance='diag')" not in messages["sgnht"]

@@ -50,8 +50,11 @@ def test_committed_tables_are_those_of_the_committed_results():
     (["--chains", "0"], "--chains must be a positive integer, got 0"),
     (["--splits", "-1"], "--splits must be 0 (the toy only) or more, got -1"),
     (["--splits", "0", "--skip-toy"], "--splits 0 with --skip-toy leaves nothing to run"),
-    (["--test-fraction", "1"], "--test-fraction must lie strictly between 0 and 1, got 1.0"),
-    (["--test-fraction", "0"], "--test-fraction must lie strictly between 0 and 1, got 0.0"),
+    (["--test-fraction", "1"], "--test-fraction must lie strictly between 0 and 1 and leave at least 2 of the 442 "
+                               "diabetes rows on each side, got 1.0"),
+    (["--test-fraction", "0"], "got 0.0"),
+    (["--test-fraction", "0.001"], "got 0.001"),
+    (["--test-fraction", "0.999"], "got 0.999"),
 ])
 def test_bad_chains_or_splits_are_refused_with_the_value(args, message, capsys):
     with pytest.raises(SystemExit):
@@ -88,5 +91,8 @@ def test_half_the_diabetes_rows_test_by_default_and_earlier_reports_keep_their_s
     assert DIABETES_TEST_ROWS == 442 - bench.train_rows(442) == 221
     assert bench.calibrated_band_probability(221) ** 5 > 0.93
     assert bench.calibrated_band_probability(442 - bench.train_rows(442, 0.2)) ** 5 < 0.6
+    # The split a report states is the one it ran.
+    report = {"diabetes": {"test_fraction": 0.5, "splits": [{}], "summary": {}, "targets_met_on_splits": {}}}
+    assert "1 random 50/50 splits" in bench.markdown_tables(report) and "On 221 test rows" in bench.markdown_tables(report)
     earlier = json.loads((RESULTS / "results.json").read_text())
     assert "random 80/20 splits" in bench.markdown_tables(earlier)  # written before the fraction was recorded

@@ -98,7 +98,7 @@ def simulate(splitting: str, x: float, *, h: float, friction: float, lam: float,
                 estimate = x * terms.var(axis=1, ddof=1)
                 if pairing == "averaged":
                     weight = max(1.0 / (step + 1), 1.0 / AVERAGE_WINDOW)
-                    estimate = estimate if step == 0 else (1.0 - weight) * x_step + weight * estimate
+                    estimate = (1.0 - weight) * x_step + weight * estimate
                 x_step = estimate
         else:
             force = -lam * theta + sigma * rng.normal(size=chains)

@@ -186,7 +186,7 @@ class CCAdL(ThermostatSampler):
         The covariance friction `(h/2) beta Sigma` is several times A at the step sizes where
         CCAdL is stable, so a few percent of excess friction holds the chain cold while xi,
         restarted at A, sinks below A to make up for it (too slowly to keep the temperature)."""
-        return covariance_average.average_weight(self.steps_since_start(step), self.covariance_window)
+        return covariance_average.sampler_weight(self, step)
 
     def _moving_average(self, state: CCAdLState, per_example, params):
         """`I_t = (1 - k_t) I_{t-1} + k_t V(theta_t)` in float64."""

@@ -10,10 +10,12 @@ update is quantised by ~5% at t = 1e6 and stops moving near t = 1e7.
 Why an average and not the minibatch's own `V` (the mCCAdL paper's listing): where a few
 examples carry most of the gradient noise (a net's logits once most examples are fitted), the
 minibatch's `V` is large exactly when its kick is, and a covariance step fed that `V` damps the
-kick it has just received: the positions run cold. Another minibatch's `V` runs them hot (the
-exact exponential saturates on the rare large `V`). An average over many minibatches is close to
-the true covariance and nearly independent of any one kick
-(`benchmarks/lab/c_step_heat_balance.py`, `--per-example`).
+kick it has just received (cold, in the one-coordinate model of
+`benchmarks/lab/c_step_heat_balance.py --per-example`); another minibatch's `V` is independent
+of the kick but usually small, and the exact exponential cannot remove more than all of the
+momentum on the rare large one (hot). Which wins depends on the noise and the step (the heavy-
+tailed regression of `tests/test_statistical_ccadl.py` runs hot). An average over many
+minibatches is close to the true covariance and nearly independent of any one kick.
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ def average_weight(steps_since_start: tf.Tensor, window: int | None) -> tf.Tenso
     if window is None:
         return weight
     return tf.maximum(weight, tf.constant(1.0 / window, integrators.THERMOSTAT_DTYPE))
+
+
+def sampler_weight(sampler, step: tf.Tensor) -> tf.Tensor:
+    """`k_t` of the step whose state has counter `step` for a `ThermostatSampler` with a
+    `covariance_window` (CCAdL, mCCAdL): counted from its restart after the warm-up."""
+    return average_weight(sampler.steps_since_start(step), sampler.covariance_window)
 
 
 def zeros_like_variables(params: Sequence[tf.Tensor]) -> list[tf.Tensor]:

@@ -26,9 +26,11 @@ the force closing one iteration (and its minibatch) is reused at the start of th
 per-coordinate variances `I_t` (`keras_thermo.samplers.covariance_average`), still integrated
 exactly, now elementwise: `p <- exp(-h (h/2) beta (N^2/n) I_t / M) p`. The minibatch's own
 covariance is large exactly when its kick is where a few examples carry most of the gradient
-noise, so the paper's C step damps the kick it has just received and the positions run cold
-there (the covariance_average module doc); the average is nearly independent of any one kick.
-It drops the off-diagonal covariance, as CCAdL's default does.
+noise, and the exact exponential responds to it far from linearly, so the positions are biased
+there (the covariance_average module doc). The average holds the step's own minibatch with
+weight `k_t` only (`1/t` from the restart after the warm-up, at most `1/W` with a window), so it
+is nearly independent of any one kick. It drops the off-diagonal covariance, as CCAdL's default
+does.
 """
 
 from __future__ import annotations
@@ -163,9 +165,10 @@ def covariance_step(
 class MCCAdL(ThermostatSampler):
     """mCCAdL: CCAdL whose covariance friction is integrated exactly, in a symmetric splitting.
 
-    Compared with CCAdL it uses the covariance of the current minibatch (no moving average), the
-    full covariance at the cost of products with the `[n, Nd]` per-example gradients, and stays
-    stable at step sizes where CCAdL's explicit friction blows up. The integrator is second order
+    Compared with CCAdL it uses (by default, as the paper) the covariance of the current minibatch
+    (no moving average), the full covariance at the cost of products with the `[n, Nd]`
+    per-example gradients, and stays stable at step sizes where CCAdL's explicit friction blows
+    up; `covariance="diag"` gives its exact C step CCAdL's moving average instead (module doc). The integrator is second order
     (BAODCDOAB), with one force evaluation per step.
 
     Args:
@@ -185,7 +188,7 @@ class MCCAdL(ThermostatSampler):
             net (as `SGNHT`; `ThermostatSampler`); logged `xi` is then their mean.
         covariance: `"minibatch"` (the paper's: the full covariance of the step's minibatch, by
             `expm`) or `"diag"` (CCAdL's moving average of the per-coordinate variances,
-            integrated exactly; module doc).
+            integrated exactly and elementwise, so `expm` is not used; module doc).
         covariance_window: With `"diag"`: None averages with weights 1/t from the restart after
             the warm-up; W >= 1 gives `max(1/t, 1/W)`, as `CCAdL`.
         warmup_steps: W >= 0 (default 1000): the papers' update restarts at step W with `xi = A`
@@ -225,10 +228,25 @@ class MCCAdL(ThermostatSampler):
             warmup_steps=warmup_steps, per_variable_thermostat=per_variable_thermostat,
         )
         self.expm = check_choice("expm", expm, kt_linalg.dispatch.METHODS)
+        if covariance == "full":
+            raise ValueError("MCCAdL: covariance='full' is not an option: 'minibatch' (the default) already "
+                             "uses the full covariance of the step's minibatch; 'diag' uses CCAdL's moving average.")
         self.covariance = check_choice("covariance", covariance, COVARIANCES)
+        if covariance_window is not None and self.covariance != "diag":
+            raise ValueError(f"MCCAdL: covariance_window applies only to covariance='diag' (the moving average), "
+                             f"got covariance_window={covariance_window!r} with covariance={self.covariance!r}.")
         self.covariance_window = (
             None if covariance_window is None else check_int("covariance_window", covariance_window, low=1)
         )
+
+    @property
+    def not_at_temperature_hint(self) -> str:
+        """What the temperature check's warning adds for this sampler (`EquilibrationCheck`)."""
+        if self.covariance != "minibatch":
+            return ""
+        return ("mCCAdL's C step uses the covariance of the step's own minibatch, which is biased where a "
+                "few examples carry most of the gradient noise (a classifier's logits once most examples are "
+                "fitted): MCCAdL(covariance='diag') uses CCAdL's moving average instead.")
 
     def init(self, params: Sequence[tf.Tensor], *, temperature: float, seed: int) -> MCCAdLState:
         momentum, xi, friction = self.initial_momentum_and_xi(params, temperature=temperature, seed=seed)
@@ -248,7 +266,7 @@ class MCCAdL(ThermostatSampler):
         state, mass, preconditioner, restarted = self.start_step(state, params, force, context)
         average = state.covariance
         if self.covariance == "diag":
-            weight = covariance_average.average_weight(self.steps_since_start(state.step), self.covariance_window)
+            weight = covariance_average.sampler_weight(self, state.step)
             average = covariance_average.diagonal_average(state.covariance, per_example, params, weight)
             # Sigma = (N^2/n) I_t / M per coordinate (M the scalar or diagonal mass): the exact flow
             # of dp = -(h/2) beta Sigma p dt over h is elementwise (derivation as below).
