@@ -96,3 +96,10 @@ def test_half_the_diabetes_rows_test_by_default_and_earlier_reports_keep_their_s
     assert "1 random 50/50 splits" in bench.markdown_tables(report) and "On 221 test rows" in bench.markdown_tables(report)
     earlier = json.loads((RESULTS / "results.json").read_text())
     assert "random 80/20 splits" in bench.markdown_tables(earlier)  # written before the fraction was recorded
+
+
+def test_committed_half_split_diabetes_tables_are_those_of_its_results():
+    results = RESULTS.parent / "regression_diabetes_half"
+    report = json.loads((results / "results.json").read_text())
+    assert report["diabetes"]["test_fraction"] == 0.5 and "toy" not in report
+    assert (results / "tables.md").read_text() == bench.markdown_tables(report)
