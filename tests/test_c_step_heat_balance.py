@@ -82,3 +82,18 @@ def test_simulate_refuses_an_unknown_pairing_or_a_one_example_batch():
     with pytest.raises(ValueError, match="per_example"):
         lab.simulate("mccadl", 0.1, h=0.05, friction=1.0, lam=1.0, temperature=1.0, chains=2, steps=2,
                      burn_in=0, seed=0, per_example=1)
+
+
+def test_the_thermostat_holds_the_reading_its_d_steps_take_around_c():
+    # mCCAdL's xi reads the momentum on both sides of C; at x = 1 that reading and the positions
+    # disagree without a thermostat (1.07 against 1.03, benchmarks/results/c_step_heat_balance.json).
+    # With one, xi rises above A until the reading averages T (standard error ~0.001 here).
+    result = lab.simulate("mccadl", 1.0, h=0.05, friction=1.0, lam=1.0, temperature=1.0, chains=400,
+                          steps=3000, burn_in=1000, seed=4, thermal_mass=1.0)
+    assert abs(result["kinetic_around_c"]["mean"] - 1.0) < 0.01, result
+    assert result["xi"]["mean"] > 1.3, result  # above A = 1: it removes the reading's excess
+    import pytest
+
+    with pytest.raises(ValueError, match="thermal_mass"):
+        lab.simulate("ccadl", 1.0, h=0.05, friction=1.0, lam=1.0, temperature=1.0, chains=2, steps=2,
+                     burn_in=0, seed=0, thermal_mass=1.0)

@@ -37,6 +37,12 @@ independent of what it damps); `independent`, another minibatch of the same size
 the same minibatch's estimate averaged over the steps with CCAdL's weights `max(1/t, 1/W)`,
 W = 100 (`keras_thermo.samplers.ccadl`); `exact`, the true variance (the Gaussian runs above).
 
+With `--thermal-mass mu` mCCAdL runs with its Nose-Hoover thermostat (one xi per chain, the D
+steps reading the momentum on both sides of C, as `keras_thermo.samplers.mccadl`): the xi then
+holds that reading at T, and the positions' temperature shows what that does where the reading
+and the positions disagree (large x).
+
+    python -m benchmarks.lab.c_step_heat_balance --thermal-mass 1 --out benchmarks/results/c_step_heat_balance_thermostat.json
     python -m benchmarks.lab.c_step_heat_balance --per-example 32 --tail-fraction 1 0.05 0.01 \
         --pairing exact same independent averaged --xs 0.1 0.5 --out benchmarks/results/c_step_estimate_pairing.json
 """
@@ -67,13 +73,17 @@ def per_example_terms(rng, chains: int, count: int, tail_fraction: float) -> np.
 
 def simulate(splitting: str, x: float, *, h: float, friction: float, lam: float, temperature: float,
              chains: int, steps: int, burn_in: int, seed: int, per_example: int = 0, tail_fraction: float = 1.0,
-             pairing: str = "exact") -> dict:
+             pairing: str = "exact", thermal_mass: float = 0.0) -> dict:
     """Runs `chains` independent chains of one splitting; returns the temperatures' means and
     standard errors (over chains) after `burn_in` steps. `per_example` > 0: the force noise is
     the mean of that many `per_example_terms` and the covariance friction uses the estimate that
-    `pairing` names (module doc)."""
+    `pairing` names (module doc). `thermal_mass` mu > 0 (mCCAdL only): a Nose-Hoover xi per chain
+    (from A) whose D steps read the momentum before and after C, `xi += (h/2) (p^2 - T) / mu`
+    each, as mCCAdL's, and whose O steps damp with xi and inject A's noise."""
     if pairing not in PAIRINGS:
         raise ValueError(f"pairing must be one of {PAIRINGS}, got {pairing!r}")
+    if thermal_mass < 0 or (thermal_mass > 0 and splitting != "mccadl"):
+        raise ValueError(f"thermal_mass must be 0, or > 0 with the mccadl splitting, got {thermal_mass} ({splitting})")
     if per_example == 1 or per_example < 0:
         raise ValueError(f"per_example must be 0 (Gaussian force noise) or at least 2, got {per_example}")
     rng = np.random.default_rng(seed)
@@ -86,8 +96,19 @@ def simulate(splitting: str, x: float, *, h: float, friction: float, lam: float,
     kinetic = np.zeros(chains)
     around_c = np.zeros(chains)  # mCCAdL: the mean of p^2 before and after C, what its D steps read
     configurational = np.zeros(chains)
-    half_decay = np.exp(-friction * h / 2)
-    o_noise = np.sqrt(temperature * (1.0 - np.exp(-friction * h)))
+    xi = np.full(chains, friction)
+    xi_sum = np.zeros(chains)
+
+    def ornstein_uhlenbeck(p):
+        # Half an O step with friction xi and the noise of A: the library's `ornstein_uhlenbeck`.
+        if not thermal_mass:
+            return np.exp(-friction * h / 2) * p + np.sqrt(temperature * (1.0 - np.exp(-friction * h))) * rng.normal(size=chains)
+        variance = friction * temperature * -np.expm1(-xi * h) / xi
+        return np.exp(-xi * h / 2) * p + np.sqrt(variance) * rng.normal(size=chains)
+
+    def thermostat(p):
+        return xi + (h / 2) * (p * p - temperature) / thermal_mass if thermal_mass else xi
+
     for step in range(steps):
         if per_example:
             terms = per_example_terms(rng, chains, per_example, tail_fraction)
@@ -108,12 +129,15 @@ def simulate(splitting: str, x: float, *, h: float, friction: float, lam: float,
         else:
             p = p + h * force
             theta = theta + (h / 2) * p
-            p = half_decay * p + o_noise * rng.normal(size=chains)
+            p = ornstein_uhlenbeck(p)
             before_c = p * p
+            xi = thermostat(p)
             p = np.exp(-x_step / 2) * p
+            xi = thermostat(p)
             if step >= burn_in:
                 around_c += (before_c + p * p) / 2
-            p = half_decay * p + o_noise * rng.normal(size=chains)
+                xi_sum += xi
+            p = ornstein_uhlenbeck(p)
             theta = theta + (h / 2) * p
         if step >= burn_in:
             kinetic += p * p
@@ -122,6 +146,8 @@ def simulate(splitting: str, x: float, *, h: float, friction: float, lam: float,
     per_chain = {"kinetic": kinetic / (kept * temperature), "configurational": configurational / (kept * temperature)}
     if splitting == "mccadl":
         per_chain["kinetic_around_c"] = around_c / (kept * temperature)
+    if thermal_mass:
+        per_chain["xi"] = xi_sum / kept
     return {kind: {"mean": float(v.mean()), "standard_error": float(v.std(ddof=1) / np.sqrt(chains))}
             for kind, v in per_chain.items()}
 
@@ -142,11 +168,16 @@ def main(argv=None) -> None:
                         help="with --per-example: fractions q in (0, 1] of examples carrying 90%% of the noise")
     parser.add_argument("--pairing", nargs="+", choices=PAIRINGS, default=["exact"],
                         help="with --per-example: whose minibatch the covariance estimate comes from")
+    parser.add_argument("--thermal-mass", type=float, default=0.0,
+                        help="> 0: mCCAdL with a Nose-Hoover xi of this thermal mass (its D steps' reading)")
     args = parser.parse_args(argv)
     if args.per_example == 1 or args.per_example < 0:
         parser.error(f"--per-example must be 0 or at least 2, got {args.per_example}")
     if any(not 0.0 < q <= 1.0 for q in args.tail_fraction):
         parser.error(f"--tail-fraction values must lie in (0, 1], got {args.tail_fraction}")
+    if args.thermal_mass < 0:
+        parser.error(f"--thermal-mass must be 0 (no thermostat) or positive, got {args.thermal_mass}")
+    splittings = ("mccadl",) if args.thermal_mass else SPLITTINGS
     if not args.per_example and (args.tail_fraction != [1.0] or args.pairing != ["exact"]):
         parser.error("--tail-fraction and --pairing need --per-example")
     start = time.perf_counter()
@@ -154,10 +185,11 @@ def main(argv=None) -> None:
     for q in args.tail_fraction:
         for pairing in args.pairing:
             for x in args.xs:
-                for index, splitting in enumerate(SPLITTINGS):
+                for index, splitting in enumerate(splittings):
                     result = simulate(splitting, x, h=args.step_size, friction=args.friction, lam=1.0, temperature=1.0,
                                       chains=args.chains, steps=args.steps, burn_in=args.burn_in, seed=args.seed + index,
-                                      per_example=args.per_example, tail_fraction=q, pairing=pairing)
+                                      per_example=args.per_example, tail_fraction=q, pairing=pairing,
+                                      thermal_mass=args.thermal_mass)
                     noise = {"tail_fraction": q, "pairing": pairing} if args.per_example else {}
                     runs.append({"splitting": splitting, "x": x, **noise, **result})
                     label = f"q = {q:g} {pairing:11s} " if args.per_example else ""
@@ -166,11 +198,15 @@ def main(argv=None) -> None:
                         for kind, figures in result.items()), flush=True)
     report = {
         "command": "python -m benchmarks.lab.c_step_heat_balance " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
-        "model": "one coordinate, U = theta^2 / 2, T = 1, unit mass, force noise variance x / h^2, no thermostat"
+        "model": "one coordinate, U = theta^2 / 2, T = 1, unit mass, force noise variance x / h^2"
+                 + ("" if args.thermal_mass else ", no thermostat")
                  + (f"; force noise the mean of {args.per_example} per-example terms, a fraction tail_fraction of "
                     "them carrying 90% of the variance; covariance friction from the estimate `pairing` names"
-                    if args.per_example else ""),
+                    if args.per_example else "")
+                 + ("; mCCAdL with a Nose-Hoover xi of thermal mass `thermal_mass` (D steps around C)"
+                    if args.thermal_mass else ""),
         "per_example": args.per_example,
+        "thermal_mass": args.thermal_mass,
         "step_size": args.step_size, "friction": args.friction, "chains": args.chains, "steps": args.steps,
         "burn_in": args.burn_in,
         "runs": runs, "seconds": time.perf_counter() - start,
