@@ -82,6 +82,12 @@ def test_simulate_refuses_an_unknown_pairing_or_a_one_example_batch():
     with pytest.raises(ValueError, match="per_example"):
         lab.simulate("mccadl", 0.1, h=0.05, friction=1.0, lam=1.0, temperature=1.0, chains=2, steps=2,
                      burn_in=0, seed=0, per_example=1)
+    with pytest.raises(ValueError, match="need per_example"):
+        lab.simulate("mccadl", 0.1, h=0.05, friction=1.0, lam=1.0, temperature=1.0, chains=2, steps=2,
+                     burn_in=0, seed=0, pairing="same")
+    with pytest.raises(ValueError, match="tail_fraction must lie"):
+        lab.simulate("mccadl", 0.1, h=0.05, friction=1.0, lam=1.0, temperature=1.0, chains=2, steps=2,
+                     burn_in=0, seed=0, per_example=4, tail_fraction=0.0)
 
 
 def test_the_thermostat_holds_the_reading_its_d_steps_take_around_c():

@@ -524,3 +524,19 @@ def test_the_temperature_warning_names_the_averaged_covariance_for_mccadl_with_t
         messages[label] = check._describe_failures(report)
     assert "MCCAdL(covariance='diag')" in messages["minibatch"]
     assert "MCCAdL(covariance='diag')" not in messages["diag"] and "MCCAdL(covariance='diag')" not in messages["sgnht"]
+
+
+def test_mccadl_averaged_covariance_with_keras_fit_arguments_and_chains():
+    # From Keras' default initialisation, two chains, sample weights and a validation split: the
+    # average is per chain ([chains, ...] leaves) and every logged value finite.
+    x, y = testing.linear_regression_data(96, 3, seed=2)
+    keras.utils.set_random_seed(0)
+    model = kt.BayesianModel(testing.linear_regression_net(3), MCCAdL(covariance="diag"), num_examples=80,
+                             num_chains=2, seed=1, temperature_check=False)
+    model.compile(loss=kt.losses.GaussianNLL(scale=0.5))
+    weights = np.linspace(0.5, 1.5, 96).astype(np.float32)
+    history = model.fit(x, y, sample_weight=weights, validation_split=1 / 6, batch_size=16, epochs=2, verbose=0)
+    assert {"val_loss", "noise_scale", "xi"} <= set(history.history)
+    assert all(np.all(np.isfinite(v)) for v in history.history.values())
+    kernel_average = model.sampler_state().covariance[0]
+    assert tuple(kernel_average.shape) == (2, 3, 1) and np.all(np.asarray(kernel_average) > 0)

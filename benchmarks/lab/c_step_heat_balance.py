@@ -86,6 +86,11 @@ def simulate(splitting: str, x: float, *, h: float, friction: float, lam: float,
         raise ValueError(f"thermal_mass must be 0, or > 0 with the mccadl splitting, got {thermal_mass} ({splitting})")
     if per_example == 1 or per_example < 0:
         raise ValueError(f"per_example must be 0 (Gaussian force noise) or at least 2, got {per_example}")
+    if not per_example and (pairing != "exact" or tail_fraction != 1.0):
+        raise ValueError(f"pairing and tail_fraction need per_example >= 2, got pairing={pairing!r}, "
+                         f"tail_fraction={tail_fraction}")
+    if not 0.0 < tail_fraction <= 1.0:
+        raise ValueError(f"tail_fraction must lie in (0, 1], got {tail_fraction}")
     rng = np.random.default_rng(seed)
     beta = 1.0 / temperature
     sigma = np.sqrt(x / (h * h * beta))  # x = h^2 beta sigma^2

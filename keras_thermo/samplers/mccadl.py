@@ -168,8 +168,8 @@ class MCCAdL(ThermostatSampler):
     Compared with CCAdL it uses (by default, as the paper) the covariance of the current minibatch
     (no moving average), the full covariance at the cost of products with the `[n, Nd]`
     per-example gradients, and stays stable at step sizes where CCAdL's explicit friction blows
-    up; `covariance="diag"` gives its exact C step CCAdL's moving average instead (module doc). The integrator is second order
-    (BAODCDOAB), with one force evaluation per step.
+    up; `covariance="diag"` gives its exact C step CCAdL's moving average instead (module doc).
+    The integrator is second order (BAODCDOAB), with one force evaluation per step.
 
     Args:
         step_size: h, a positive float, a `LearningRateSchedule`, or `"auto"` (the default:
