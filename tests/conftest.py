@@ -18,7 +18,8 @@ tf.config.set_logical_device_configuration(
 
 # Default-suite cases run with the slow tests to keep `make test` under 10 minutes on 2 cores;
 # each has a sibling in the default suite that checks the same path (another sampler, another
-# case of the same check).
+# case of the same check; R-hat's own tests in test_diagnostics.py; the composition matrix's
+# XLA rows for the compile modes).
 SLOW_CASES = {
     "tests/test_statistical_sgld.py::test_decaying_step_size_weighted_average",
     "tests/test_statistical_ccadl.py::test_thermostat_check_rejects_a_wrong_covariance_friction[mccadl-mass-left-out-M4]",
@@ -58,6 +59,20 @@ SLOW_CASES = {
     "tests/test_samplers_units.py::test_sghmc_without_noise_is_keras_sgd_with_that_learning_rate_and_momentum[0.0]",
     "tests/test_per_example_rows.py::test_inside_tf_function[lstm-xla]",
     "tests/test_chains.py::test_each_chain_of_a_shared_batch_run_is_the_one_chain_run_with_its_seed_and_start[sgnht-loop]",
+    "tests/test_statistical.py::test_the_check_detects_a_wrong_temperature",
+    "tests/test_statistical.py::test_posterior_mean_and_variances_short[sghmc-full-batch]",
+    "tests/test_samplers_settings.py::test_a_step_size_cut_between_fits_keeps_sgnht_at_temperature",
+    "tests/test_samplers_settings.py::test_xi_moves_with_the_friction_when_the_step_size_is_cut_between_fits[MCCAdL]",
+    "tests/test_step_reference.py::test_step_reproduces_the_stored_reference[sgld-2]",
+    "tests/test_step_reference.py::test_step_reproduces_the_stored_reference[sghmc-2]",
+    "tests/test_step_reference.py::test_step_reproduces_the_stored_reference[sgnht-2]",
+    "tests/test_step_reference.py::test_step_reproduces_the_stored_reference[ccadl-2]",
+    "tests/test_step_reference.py::test_step_reproduces_the_stored_reference[tact_hmc-2]",
+    "tests/test_tact_hmc.py::test_thermostats_absorb_gradient_noise",
+    "tests/test_distribute_data.py::test_even_partial_batches_are_accepted",
+    "tests/test_distribute_data.py::test_mirrored_run_sees_the_single_device_order_of_a_reshuffled_pipeline",
+    "tests/test_chains.py::test_rhat_is_about_one_for_one_posterior_and_far_above_for_chains_stuck_in_two_wells",
+    "tests/test_compile_modes.py::test_xla_with_steps_per_execution_matches_the_graph_without_noise[ccadl_diag-dense_layers]",
 }
 
 

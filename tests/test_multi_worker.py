@@ -28,6 +28,9 @@ WORKER_SCRIPT = Path(__file__).with_name("multi_worker_worker.py")
 SAMPLERS = list(worker.SAMPLERS)
 NUM_WORKERS = 2
 TIMEOUT_S = 120
+# The cluster alone takes 40 s on 2 cores; the default suite's distributed path is
+# tests/test_distribute.py (MirroredStrategy, the same cross-replica reductions in one process).
+pytestmark = pytest.mark.slow
 
 
 def _free_ports(count: int) -> list[int]:
