@@ -9,9 +9,11 @@ Two data sets, both available offline:
   rows held out for testing (`--test-fraction`; 0.2 gave the committed 80/20 run). Inputs
   are standardized with the training split's statistics and targets with
   `kt.regression.TargetScaler`; every metric is reported on the targets' own scale.
-- a 1-D toy, `y = x sin(x) + N(0, 0.3^2)`, with its inputs in two clusters `[-4, -1.5]` and
-  `[1.5, 4]`: between them (`|x| < 1`) there is no data, and the epistemic standard deviation
-  (the spread of the samples' means) must grow there. Its predictive bands are plotted.
+- a 1-D toy, `y = x sin(x) + N(0, 0.3^2)`, with its inputs in two clusters `[-4, -2.5]` and
+  `[2.5, 4]` (`--toy-clusters 2.5 4`): between them (`|x| < 2`) there is no data, and the
+  epistemic standard deviation (the spread of the samples' means) must grow there. Its
+  predictive bands are plotted. `--toy-clusters 1.5 4` gives the earlier reports' toy, whose
+  clusters are wider than the gap between them (`|x| < 1`).
 
 One protocol for every data set and method (no constant is tuned per data set or sampler):
 
@@ -70,7 +72,11 @@ BATCH_SIZE = 32
 ENSEMBLE_SIZE = 5
 MAP_LEARNING_RATE = 1e-2
 LEVEL = 0.9
-GAP = 1.0  # |x| < GAP is the toy's gap (its clusters start at 1.5)
+#: The toy's two clusters of inputs, `[-outer, -inner]` and `[inner, outer]` (`--toy-clusters`):
+#: a gap more than three times as wide as each cluster. Reports before the option existed used
+#: (1.5, 4.0), clusters wider than the gap between them (`--toy-clusters 1.5 4`).
+TOY_CLUSTERS = (2.5, 4.0)
+GAP_MARGIN = 0.5  # the gap's ratio is averaged over |x| < inner - GAP_MARGIN
 
 # The targets of the comparison, on every diabetes split.
 RMSE_TOLERANCE = 0.05  # posterior mean RMSE within 5% of OLS
@@ -319,22 +325,31 @@ def diabetes(args) -> dict:
 # The 1-D toy with a gap
 
 
-def toy_data(rng, n):
+def toy_data(rng, n, clusters=TOY_CLUSTERS):
+    """`n` inputs, half uniform on `[-outer, -inner]` and half on `[inner, outer]` for
+    `clusters = (inner, outer)`, with targets `x sin x + N(0, 0.3^2)`."""
+    inner, outer = clusters
     half = n // 2
-    x = np.concatenate([rng.uniform(-4.0, -1.5, half), rng.uniform(1.5, 4.0, n - half)])[:, None]
+    x = np.concatenate([rng.uniform(-outer, -inner, half), rng.uniform(inner, outer, n - half)])[:, None]
     y = x * np.sin(x) + 0.3 * rng.normal(size=x.shape)
     return x, y
 
 
+def toy_gap(clusters=TOY_CLUSTERS) -> float:
+    """The half-width of the gap the ratio is measured over: half a unit inside the clusters."""
+    return clusters[0] - GAP_MARGIN
+
+
 def toy(args) -> tuple[dict, dict]:
     rng = np.random.default_rng(100)
-    x_train, y_train = toy_data(rng, 160)
-    x_test, y_test = toy_data(rng, 200)
+    clusters = tuple(args.toy_clusters)
+    x_train, y_train = toy_data(rng, 160, clusters)
+    x_test, y_test = toy_data(rng, 200, clusters)
     grid = np.linspace(-6.0, 6.0, 241)[:, None]
     print("toy", flush=True)
     results = evaluate_methods(x_train, y_train, {"test": x_test, "grid": grid}, args, 0, args.samplers)
-    in_gap = np.abs(grid[:, 0]) < GAP
-    on_data = (np.abs(grid[:, 0]) >= 1.5) & (np.abs(grid[:, 0]) <= 4.0)
+    in_gap = np.abs(grid[:, 0]) < toy_gap(clusters)
+    on_data = (np.abs(grid[:, 0]) >= clusters[0]) & (np.abs(grid[:, 0]) <= clusters[1])
 
     def gap_ratio(epistemic):
         data = float(np.mean(epistemic[on_data]))
@@ -362,7 +377,8 @@ def toy(args) -> tuple[dict, dict]:
             # is the posterior's, estimated from every chain's samples).
             figures[method]["chain_gap_ratios"] = [gap_ratio(p.epistemic_std[:, 0]) for p in r["chain_predictions"]["grid"]]
         bands[method] = (g.mean[:, 0], lower[:, 0], upper[:, 0], epistemic)
-    return figures, {"grid": grid[:, 0], "x": x_train[:, 0], "y": y_train[:, 0], "bands": bands}
+    return figures, {"grid": grid[:, 0], "x": x_train[:, 0], "y": y_train[:, 0], "bands": bands,
+                     "gap": toy_gap(clusters)}
 
 
 def plot_toy(plot: dict, path: Path) -> None:
@@ -384,7 +400,7 @@ def plot_toy(plot: dict, path: Path) -> None:
         axis.plot(grid, mean, color="tab:blue", lw=1.2, label="predictive mean")
         axis.plot(grid, grid * np.sin(grid), color="black", lw=0.8, ls="--", label="x sin x")
         axis.scatter(plot["x"], plot["y"], s=4, color="black")
-        axis.axvspan(-GAP, GAP, color="grey", alpha=0.1)
+        axis.axvspan(-plot["gap"], plot["gap"], color="grey", alpha=0.1)
         axis.set_title(method)
         axis.set_ylim(-8, 8)
     for axis in np.ravel(axes)[len(methods):]:
@@ -485,6 +501,9 @@ def main(argv=None) -> None:
     parser.add_argument("--start", choices=("init", "map"), default="init",
                         help="start the samplers at Keras' initialisation (seeded) or at the first MAP net")
     parser.add_argument("--skip-toy", action="store_true")
+    parser.add_argument("--toy-clusters", type=float, nargs=2, default=list(TOY_CLUSTERS), metavar=("INNER", "OUTER"),
+                        help="the toy's inputs lie on [-OUTER, -INNER] and [INNER, OUTER]; the gap's figures average "
+                             f"|x| < INNER - {GAP_MARGIN} (default {TOY_CLUSTERS[0]} {TOY_CLUSTERS[1]})")
     parser.add_argument("--test-fraction", type=float, default=DEFAULT_TEST_FRACTION,
                         help="the diabetes rows held out for testing, in (0, 1) (default 0.5)")
     parser.add_argument("--chains", type=int, default=1,
@@ -500,6 +519,9 @@ def main(argv=None) -> None:
     if not MIN_SPLIT_ROWS <= test_rows <= DIABETES_ROWS - MIN_SPLIT_ROWS:
         parser.error(f"--test-fraction must lie strictly between 0 and 1 and leave at least {MIN_SPLIT_ROWS} of the "
                      f"{DIABETES_ROWS} diabetes rows on each side, got {args.test_fraction}")
+    inner, outer = args.toy_clusters
+    if not GAP_MARGIN < inner < outer <= 6.0:
+        parser.error(f"--toy-clusters must give {GAP_MARGIN} < INNER < OUTER <= 6 (the plotted grid), got {inner} {outer}")
     if args.splits == 0 and args.skip_toy:
         parser.error("--splits 0 with --skip-toy leaves nothing to run")
     if args.table_from:
@@ -530,9 +552,9 @@ def main(argv=None) -> None:
             "ols": "least squares with intercept, Gaussian predictive N(x b, s^2 (1 + x (X^T X)^-1 x^T))",
             "diabetes": f"sklearn load_diabetes, {args.splits} random {split_name(args.test_fraction)} splits "
                         "(numpy default_rng(split))",
-            "toy": "y = x sin x + N(0, 0.3^2), 80 + 80 inputs uniform on [-4, -1.5] and [1.5, 4], 200 test "
-                   f"points the same way; epistemic std averaged over a grid in |x| < {GAP} (gap) and in the "
-                   "clusters (data)",
+            "toy": f"y = x sin x + N(0, 0.3^2), 80 + 80 inputs uniform on [-{outer:g}, -{inner:g}] and "
+                   f"[{inner:g}, {outer:g}], 200 test points the same way; epistemic std averaged over a grid in "
+                   f"|x| < {toy_gap((inner, outer)):g} (gap) and in the clusters (data)",
             "goals": {"rmse_within_of_ols": RMSE_TOLERANCE, "coverage_90_band": COVERAGE_BAND,
                         "nll": "at most the MAP fit's", "toy_gap_ratio": GAP_RATIO},
         },

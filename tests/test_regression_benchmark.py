@@ -55,6 +55,9 @@ def test_committed_tables_are_those_of_the_committed_results():
     (["--test-fraction", "0"], "got 0.0"),
     (["--test-fraction", "0.001"], "got 0.001"),
     (["--test-fraction", "0.999"], "got 0.999"),
+    (["--toy-clusters", "0.5", "4"], "--toy-clusters must give 0.5 < INNER < OUTER <= 6 (the plotted grid), got 0.5 4.0"),
+    (["--toy-clusters", "3", "2"], "got 3.0 2.0"),
+    (["--toy-clusters", "2", "7"], "got 2.0 7.0"),
 ])
 def test_bad_chains_or_splits_are_refused_with_the_value(args, message, capsys):
     with pytest.raises(SystemExit):
@@ -102,4 +105,22 @@ def test_committed_half_split_diabetes_tables_are_those_of_its_results():
     results = RESULTS.parent / "regression_diabetes_half"
     report = json.loads((results / "results.json").read_text())
     assert report["diabetes"]["test_fraction"] == 0.5 and "toy" not in report
+    assert (results / "tables.md").read_text() == bench.markdown_tables(report)
+
+
+def test_the_toys_inputs_lie_in_their_clusters_and_the_gap_is_half_a_unit_inside():
+    x, y = bench.toy_data(bench.np.random.default_rng(0), 161, (2.5, 4.0))
+    assert x.shape == y.shape == (161, 1)
+    assert bench.np.all((bench.np.abs(x) >= 2.5) & (bench.np.abs(x) <= 4.0))
+    assert bench.np.sum(x < 0) == 80 and bench.np.sum(x > 0) == 81
+    assert bench.toy_gap((2.5, 4.0)) == 2.0 and bench.toy_gap((1.5, 4.0)) == 1.0
+    # The default toy: a gap (5 wide) more than three times each cluster's width (1.5).
+    inner, outer = bench.TOY_CLUSTERS
+    assert 2 * inner > 3 * (outer - inner)
+
+
+def test_committed_wide_gap_toy_tables_are_those_of_its_results():
+    results = RESULTS.parent / "regression_toy_wide_gap"
+    report = json.loads((results / "results.json").read_text())
+    assert "[-4, -2.5] and [2.5, 4]" in report["protocol"]["toy"] and "|x| < 2 (gap)" in report["protocol"]["toy"]
     assert (results / "tables.md").read_text() == bench.markdown_tables(report)
