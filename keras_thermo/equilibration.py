@@ -267,11 +267,14 @@ class EquilibrationCheck(keras.callbacks.Callback):
                 UserWarning,
                 stacklevel=2,
             )
-        if self.warn == "end" and not self._warned:
+        if self.warn in ("end", "epoch") and not self._warned:
             report = self.report()
-            if report["equilibrated"] is False:
+            if report["equilibrated"] is False and self.warn == "end":
                 self._warned = True
                 warnings.warn(self._describe_failures(report), UserWarning, stacklevel=2)
+            elif never_at_t(report, self.min_blocks):
+                self._warned = True
+                warnings.warn(f"EquilibrationCheck: {summary(report)}", UserWarning, stacklevel=2)
 
     def on_epoch_end(self, epoch, logs=None):
         self._drain()
@@ -409,10 +412,14 @@ class EquilibrationCheck(keras.callbacks.Callback):
 
         undetermined = pending or not resolved[:, 0].any()
         verdict = None if undetermined else bool(np.all(in_band[resolved]))
+        # Blocks past the warm-up or ramp in which no step counted: a tempering sampler off its
+        # plateau for the whole block (TACT-HMC's steps count only where theta is at T).
+        ramp = int(np.searchsorted(first, self._earliest_recording_step, side="right")) if len(first) else 0
         return {
             "equilibrated": verdict,
             "equilibration_step": int(first[drop] - 1) if drop < len(first) else (int(last[-1]) if len(last) else 0),
             "num_blocks": num_blocks,
+            "num_blocks_without_steps_at_t": int(np.count_nonzero(weights[ramp:] == 0)),
             "temperature": temperature,
             "overall": entry(0),
             "variables": [
@@ -520,8 +527,21 @@ def summary(report: dict[str, Any]) -> str:
     if verdict is False:
         return (f"NOT at T={temperature:g} ({figures}; after step {report['equilibration_step']}). "
                 + cause(report))
+    if report["num_blocks"] == 0 and report.get("num_blocks_without_steps_at_t", 0):
+        return (f"undetermined at T={temperature:g}: none of the {report['num_blocks_without_steps_at_t']} "
+                f"blocks after step {report['equilibration_step']} had a step at T. A tempering sampler's "
+                "steps count only where theta is at T (TACT-HMC: its tempering variable xi on the plateau "
+                "|xi| <= xi0), and it takes samples only there: this run stayed off it and took none. Run "
+                "longer, or sample with a sampler that does not temper (SGNHT, CCAdL).")
     return (f"undetermined at T={temperature:g} ({figures}; {report['num_blocks']} blocks after step "
             f"{report['equilibration_step']}): too few blocks, or errors too wide, to tell; run longer.")
+
+
+def never_at_t(report: dict[str, Any], min_blocks: int) -> bool:
+    """Whether a run has had at least `min_blocks` blocks past its warm-up and not one step at
+    T in any of them (a tempering sampler that never came back to its plateau): no verdict can
+    come, and no sample either."""
+    return report["num_blocks"] == 0 and report.get("num_blocks_without_steps_at_t", 0) >= min_blocks
 
 
 def default_check() -> EquilibrationCheck:

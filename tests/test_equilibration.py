@@ -190,6 +190,15 @@ def test_summary_says_in_one_line_whether_the_run_is_at_t_and_why_not():
     assert "configurational 0.08 +- 0.002 unresolved" in equilibration.summary(unresolved)
     # The warning gives the same cause as the line.
     assert equilibration.cause(_report(False, 0.041, 0.0006, in_band=False)) in cold
+    # A tempering sampler that never had a step at T says so, not "too few blocks".
+    off_plateau = {**_report(None, math.nan, math.nan, blocks=0), "num_blocks_without_steps_at_t": 12}
+    text = equilibration.summary(off_plateau)
+    assert text.startswith("undetermined at T=0.1: none of the 12 blocks after step 420 had a step at T.")
+    assert "plateau" in text and "took none" in text and "too few blocks" not in text
+    assert equilibration.never_at_t(off_plateau, min_blocks=10)
+    assert not equilibration.never_at_t(off_plateau, min_blocks=13)
+    # Blocks with steps at T, however few, are the ordinary pending case.
+    assert not equilibration.never_at_t({**off_plateau, "num_blocks": 1}, min_blocks=10)
 
 
 def test_the_cause_follows_the_comparison_furthest_out_of_band():

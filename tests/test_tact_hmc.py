@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import math
+import warnings
 
 import keras
 import numpy as np
@@ -491,3 +492,31 @@ def test_histogram_callback_refuses_other_samplers(tmp_path):
         model.fit(x, y, epochs=1, verbose=0, callbacks=[TACTHistograms(str(tmp_path))])
     with pytest.raises(ValueError, match="update_freq"):
         TACTHistograms(str(tmp_path), update_freq=0)
+
+
+@pytest.mark.parametrize("on_plateau", [False, True])
+def test_the_default_check_says_when_xi_never_comes_back_to_the_plateau(on_plateau):
+    """A run whose tempering variable stays off its plateau has no step at T and takes no sample:
+    the default check warns once at the end of fit, in plain words; a run that starts on the
+    plateau and stays there (xi barely moves) does not get that warning."""
+    x, y = testing.linear_regression_data(64, 2, seed=0)
+    sampler = make_tact(step_size=1e-3, xi_step_size=1e-12, xi_noise=0.0, sample_every=1)
+    model = kt.BayesianModel(testing.linear_regression_net(2), sampler, num_examples=64,
+                             prior=kt.priors.Gaussian(1.0), seed=0)
+    model.compile(loss=kt.losses.GaussianNLL(scale=1.0), steps_per_execution=100)
+    model.build((None, 2))
+    xi = next(v for v in model._state_variables if v.name == "tact_hmc_xi")
+    xi.assign(0.0 if on_plateau else 0.9 * sampler.wall)  # 0.9 wall: 1/lambda = 1.8 there
+    collector = kt.callbacks.SampleCollector(burn_in_steps=0, every_n_steps=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = model.fit(x, y, batch_size=16, epochs=12, steps_per_epoch=100, verbose=0, callbacks=[collector])
+    messages = [str(w.message) for w in caught if "had a step at T" in str(w.message)]
+    report = model.temperature_report()
+    if on_plateau:
+        assert not messages and report["num_blocks"] > 0 and len(collector.steps) > 0
+        return
+    assert len(messages) == 1, [str(w.message) for w in caught]
+    assert "none of the 12 blocks after step 0 had a step at T" in messages[0] and "took none" in messages[0]
+    assert report["num_blocks"] == 0 and len(collector.steps) == 0
+    assert np.isnan(history.history["equilibrated"][-1])
