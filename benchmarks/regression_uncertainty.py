@@ -336,7 +336,8 @@ def toy_data(rng, n, clusters=TOY_CLUSTERS):
 
 
 def toy_gap(clusters=TOY_CLUSTERS) -> float:
-    """The half-width of the gap the ratio is measured over: half a unit inside the clusters."""
+    """The half-width of the gap the ratio is measured over: it stops half a unit short of the
+    clusters."""
     return clusters[0] - GAP_MARGIN
 
 
@@ -488,7 +489,8 @@ def _toy_table(toy: dict, blank_first: bool) -> list[str]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="benchmarks/results/regression_uncertainty")
-    parser.add_argument("--splits", type=int, default=5)
+    parser.add_argument("--splits", type=int, default=5,
+                        help="how many random diabetes splits to run (0: none, the toy only)")
     parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=list(SAMPLERS))
     parser.add_argument("--step-size", default="auto", type=_auto_or_positive("--step-size", "auto"),
                         help='"auto" (the samplers\' defaults) or a step size, used with friction 1')
