@@ -124,3 +124,10 @@ def test_committed_wide_gap_toy_tables_are_those_of_its_results():
     report = json.loads((results / "results.json").read_text())
     assert "[-4, -2.5] and [2.5, 4]" in report["protocol"]["toy"] and "|x| < 2 (gap)" in report["protocol"]["toy"]
     assert (results / "tables.md").read_text() == bench.markdown_tables(report)
+
+
+def test_committed_wide_gap_toy_with_chains_tables_are_those_of_its_results():
+    results = RESULTS.parent / "regression_toy_wide_gap_chains"
+    report = json.loads((results / "results.json").read_text())
+    assert "[-4, -2.5] and [2.5, 4]" in report["protocol"]["toy"] and report["protocol"]["sampling"].startswith("4 chains")
+    assert (results / "tables.md").read_text() == bench.markdown_tables(report)
