@@ -363,10 +363,14 @@ class EquilibrationCheck(keras.callbacks.Callback):
         overall = per_variable @ self._sizes / self._sizes.sum()
         return first, last, weights, np.concatenate([overall[:, :, None], per_variable], axis=2)
 
+    def _first_countable_block(self, first: np.ndarray) -> int:
+        """The index of the first block past the warm-up and any temperature ramp. Blocks holding
+        any step of a ramp (step s runs at T(s - 1)) or of the warm-up never count: their
+        temperatures were recorded at another T, or under another kernel, than the one tested."""
+        return int(np.searchsorted(first, self._earliest_recording_step, side="right"))
+
     def _burn_in_blocks(self, first: np.ndarray, weights: np.ndarray, sums: np.ndarray) -> int:
-        # Blocks holding any step of a temperature ramp (step s runs at T(s - 1)) never count:
-        # their temperatures were recorded at another T than the one they would be tested against.
-        ramp = int(np.searchsorted(first, self._earliest_recording_step, side="right"))
+        ramp = self._first_countable_block(first)
         if self.burn_in_steps != "auto":
             return max(ramp, int(np.searchsorted(first, self.burn_in_steps + 1)))
         used = np.flatnonzero((weights > 0) & (np.arange(len(first)) >= ramp))
@@ -414,12 +418,12 @@ class EquilibrationCheck(keras.callbacks.Callback):
         verdict = None if undetermined else bool(np.all(in_band[resolved]))
         # Blocks past the warm-up or ramp in which no step counted: a tempering sampler off its
         # plateau for the whole block (TACT-HMC's steps count only where theta is at T).
-        ramp = int(np.searchsorted(first, self._earliest_recording_step, side="right")) if len(first) else 0
+        countable = weights[self._first_countable_block(first):]
         return {
             "equilibrated": verdict,
             "equilibration_step": int(first[drop] - 1) if drop < len(first) else (int(last[-1]) if len(last) else 0),
             "num_blocks": num_blocks,
-            "num_blocks_without_steps_at_t": int(np.count_nonzero(weights[ramp:] == 0)),
+            "num_blocks_without_steps_at_t": int(np.count_nonzero(countable == 0)),
             "temperature": temperature,
             "overall": entry(0),
             "variables": [
