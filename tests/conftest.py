@@ -19,7 +19,9 @@ tf.config.set_logical_device_configuration(
 # Default-suite cases run with the slow tests to keep `make test` under 10 minutes on 2 cores;
 # each has a sibling in the default suite that checks the same path (another sampler, another
 # case of the same check; R-hat's own tests in test_diagnostics.py; the composition matrix's
-# XLA rows for the compile modes).
+# XLA rows for the compile modes; the equilibration check's in-band run and SGNHT's default-start
+# posterior for the default check's verdict at T; the stored step references of CCAdL and mCCAdL,
+# one and two chains, for their update rules, whose statistical runs are all slow).
 SLOW_CASES = {
     "tests/test_statistical_sgld.py::test_decaying_step_size_weighted_average",
     "tests/test_statistical_ccadl.py::test_thermostat_check_rejects_a_wrong_covariance_friction[mccadl-mass-left-out-M4]",
@@ -73,6 +75,17 @@ SLOW_CASES = {
     "tests/test_distribute_data.py::test_mirrored_run_sees_the_single_device_order_of_a_reshuffled_pipeline",
     "tests/test_chains.py::test_rhat_is_about_one_for_one_posterior_and_far_above_for_chains_stuck_in_two_wells",
     "tests/test_compile_modes.py::test_xla_with_steps_per_execution_matches_the_graph_without_noise[ccadl_diag-dense_layers]",
+    "tests/test_temperature_check.py::test_a_run_at_temperature_says_so_and_stays_quiet[0]",
+    "tests/test_equilibration.py::test_recording_starts_when_the_check_finds_the_run_in_band",
+    "tests/test_model.py::test_layers_that_make_the_potential_random_or_batch_coupled_warn_once[gaussian_noise]",
+    "tests/test_priors.py::test_precisions_and_layerwise_masses_live_in_variables_and_resume_bit_for_bit",
+    "tests/test_regression_statistical.py::test_the_check_rejects_mse_a_different_noise_variance",
+    "tests/test_samplers_settings.py::test_xi_moves_with_the_friction_when_the_step_size_is_cut_between_fits[SGNHT]",
+    "tests/test_auto_step.py::test_a_given_friction_keeps_its_value_under_the_automatic_step_size[MCCAdL]",
+    "tests/test_ccadl_mccadl.py::test_dense_layer_statistics_give_the_same_chain_as_vectorized_rows[mccadl-taylor]",
+    "tests/test_tact_hmc.py::test_the_default_check_says_when_xi_never_comes_back_to_the_plateau[True]",
+    "tests/test_model.py::test_save_load_and_resume_is_bit_exact[sghmc]",
+    "tests/test_statistical_ccadl.py::test_posterior_and_thermostat[ccadl-full-T2-M4-weighted]",
 }
 
 

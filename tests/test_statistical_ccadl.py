@@ -181,8 +181,9 @@ def _thermostat_check(result, config: Config, noise_friction, *, absorbed_fracti
 # The covariance friction slows the chains down: the slowest relaxation time is gamma M / (h P),
 # P the posterior precision per coordinate, and gamma M = A M + (h/2) Cov(F) / T grows at low T.
 # The default runs use T >= 1 (hot chains mix faster); the slow ones cover T = 0.5.
-# Plain CCAdL (T = 1, M = 1, 12 x 1600) runs with the slow set, to keep the default suite under
-# 10 minutes: the weighted CCAdL run below exercises the same update with T, M and weights.
+# Plain CCAdL (T = 1, M = 1, 12 x 1600) runs with the slow set: the weighted CCAdL run below
+# exercises the same update with T, M and weights. Both runs below are listed in
+# conftest.SLOW_CASES too (50 s each on 2 busy cores), to keep the default suite under 10 minutes.
 DEFAULT = {
     "mccadl-T2-M0.5": (Config("mccadl", temperature=2.0, mass=0.5), 12, 1200),
     # Full covariance: the weights (which depend on the signs of both features) correlate the
