@@ -19,7 +19,8 @@ One protocol for every data set and method (no constant is tuned per data set or
 
 - The net: `d -> 50 relu -> 2` (a mean and a raw noise scale, `kt.losses.GaussianNLL()`),
   the prior `kt.priors.FanInGaussian()` (`--prior`: kernels `N(0, 1 / fan_in)`, biases
-  `N(0, 1)`; a number s gives `kt.priors.Gaussian(s)` on every weight).
+  `N(0, 1)`; `fan_in:S` scales the kernels' std by S; a number s gives `kt.priors.Gaussian(s)` on
+  every weight).
 - MAP: full-batch Adam (learning rate 1e-2, `--map-steps` steps) on `U / N`, the same
   posterior's negative log density per example. Deep ensemble: 5 MAP nets from different
   initialisations, their Gaussians mixed with equal weights.
@@ -111,9 +112,38 @@ def make_sampler(name: str, step_size):
     return SAMPLERS[name](step_size, friction=1.0)
 
 
+def parse_prior(text: str):
+    """`--prior`: `"fan_in"`, `"fan_in:S"` (a fan-in prior of scale S) or a Gaussian std, with an
+    error naming the option, the value and what is allowed."""
+    if text == "fan_in":
+        return text
+    fan_in = text.startswith("fan_in:")
+    try:
+        value = float(text.partition(":")[2] if fan_in else text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(
+            f"--prior must be 'fan_in', 'fan_in:S' with S a positive number, or a positive number, got {text!r}")
+    return f"fan_in:{value:g}" if fan_in else value
+
+
 def make_prior(prior) -> kt.priors.Prior:
-    """`"fan_in"`: `kt.priors.FanInGaussian()`; a number s: `kt.priors.Gaussian(s)`."""
-    return kt.priors.FanInGaussian() if prior == "fan_in" else kt.priors.Gaussian(prior)
+    """`"fan_in"`: `kt.priors.FanInGaussian()`; `"fan_in:S"`: `FanInGaussian(scale=S)`; a number s:
+    `kt.priors.Gaussian(s)`."""
+    if prior == "fan_in":
+        return kt.priors.FanInGaussian()
+    if isinstance(prior, str):
+        return kt.priors.FanInGaussian(scale=float(prior.split(":")[1]))
+    return kt.priors.Gaussian(prior)
+
+
+def describe_prior(prior) -> str:
+    if prior == "fan_in":
+        return "kt.priors.FanInGaussian()"
+    if isinstance(prior, str):
+        return f"kt.priors.FanInGaussian(scale={prior.split(':')[1]})"
+    return f"kt.priors.Gaussian({prior})"
 
 
 def calibrated_band_probability(num_rows: int, level: float = LEVEL, band=COVERAGE_BAND) -> float:
@@ -494,8 +524,8 @@ def main(argv=None) -> None:
     parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=list(SAMPLERS))
     parser.add_argument("--step-size", default="auto", type=_auto_or_positive("--step-size", "auto"),
                         help='"auto" (the samplers\' defaults) or a step size, used with friction 1')
-    parser.add_argument("--prior", default="fan_in", type=_auto_or_positive("--prior", "fan_in"),
-                        help='"fan_in" (kt.priors.FanInGaussian()) or a Gaussian std')
+    parser.add_argument("--prior", default="fan_in", type=parse_prior,
+                        help='"fan_in" (kt.priors.FanInGaussian()), "fan_in:S" (FanInGaussian(scale=S)) or a Gaussian std')
     parser.add_argument("--steps", type=int, default=20000)
     parser.add_argument("--burn-in", type=int, default=5000)
     parser.add_argument("--every", type=int, default=50)
@@ -538,7 +568,7 @@ def main(argv=None) -> None:
         "command": "PYTHONPATH=. python -m benchmarks.regression_uncertainty " + " ".join(sys.argv[1:] if argv is None else argv),
         "protocol": {
             "net": f"d -> {HIDDEN} relu -> 2 (mean, raw scale), kt.losses.GaussianNLL()",
-            "prior": "kt.priors.FanInGaussian()" if args.prior == "fan_in" else f"kt.priors.Gaussian({args.prior})",
+            "prior": describe_prior(args.prior),
             "inputs": "standardized with the training split's mean and std",
             "targets": "kt.regression.TargetScaler on the training split; metrics on the original scale",
             "map": f"full-batch Adam, learning rate {MAP_LEARNING_RATE}, {args.map_steps} steps on U / N",

@@ -41,6 +41,26 @@ def test_option_parsers_keep_the_keyword_and_read_numbers():
     assert bench.make_prior(0.3).get_config() == {"std": 0.3}
 
 
+@pytest.mark.parametrize("text, config", [
+    ("fan_in", {"scale": 1.0, "bias_std": 1.0}),
+    ("fan_in:0.5", {"scale": 0.5, "bias_std": 1.0}),
+    ("2", {"std": 2.0}),
+])
+def test_the_prior_option_takes_a_fan_in_scale(text, config):
+    prior = bench.make_prior(bench.parse_prior(text))
+    assert prior.get_config() == config
+    assert bench.describe_prior(bench.parse_prior(text)).startswith(type(prior).__qualname__.join(["kt.priors.", "("]))
+
+
+@pytest.mark.parametrize("text", ["fan_in:", "fan_in:x", "fan_in:0", "fan_in:-2", "fan_in:inf", "fanin:1"])
+def test_a_bad_fan_in_scale_names_the_option_and_what_is_allowed(text, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--prior", text, "--table-from", "unused.json"])
+    error = capsys.readouterr().err
+    assert "--prior must be 'fan_in', 'fan_in:S' with S a positive number, or a positive number" in error
+    assert repr(text) in error
+
+
 def test_committed_tables_are_those_of_the_committed_results():
     report = json.loads((RESULTS / "results.json").read_text())
     assert (RESULTS / "tables.md").read_text() == bench.markdown_tables(report)
