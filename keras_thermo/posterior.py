@@ -49,6 +49,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_thermo import _tree
+from keras_thermo import losses as kt_losses
 from keras_thermo import metrics as kt_metrics
 from keras_thermo._outputs import activation_hint, loss_hint
 from keras_thermo._validation import check_bool, check_choice, check_int
@@ -168,6 +169,19 @@ def _resolve_outputs(model: keras.Model, outputs: str | None) -> str:
         "sigmoid, linear or log_softmax activation. Pass outputs='logits' or "
         "outputs='probabilities'."
     )
+
+
+def _refuse_regression_net(model: keras.Model, function: str, instead: str | None = None) -> None:
+    """Class probabilities of a net compiled with a regression likelihood mean nothing: point to
+    `keras_thermo.regression`'s `instead` (default: the function of the same name)."""
+    loss = getattr(model, "loss", None)
+    if isinstance(loss, kt_losses._LocationScaleNLL):  # GaussianNLL, StudentTNLL
+        raise ValueError(
+            f"`model` {model.name!r} is compiled with {type(loss).__name__}, a regression likelihood, "
+            f"but keras_thermo.{function} averages class probabilities. Use "
+            f"keras_thermo.regression.{instead or function} (pass `scaler=` for standardized targets): its "
+            "predictive mean, standard deviations, intervals and metrics."
+        )
 
 
 def _probabilities(outputs: np.ndarray, kind: str) -> np.ndarray:
@@ -418,6 +432,7 @@ def predict_posterior(
         >>> result.probs.round(3), result.expected_entropy.round(3), result.mutual_information.round(3)
         (array([[0.5, 0.5, 0. ]]), array([0.]), array([0.693]))
     """
+    _refuse_regression_net(model, "predict_posterior")
     return_uncertainty = check_bool("return_uncertainty", return_uncertainty)
     data = _EvaluationData(x, batch_size, name="x")
     predictor = _SamplePredictor(model, outputs)
@@ -469,6 +484,7 @@ def predict_samples(
         >>> predict_samples(net, chains, np.ones((5, 2), "float32"), verbose=0).shape
         (4, 10, 5, 3)
     """
+    _refuse_regression_net(model, "predict_samples", instead="predict_posterior")
     data = _EvaluationData(x, batch_size, name="x")
     source = _sample_source(samples)
     predictor = _SamplePredictor(model, outputs)
@@ -520,6 +536,7 @@ def evaluate_posterior(
         >>> round(evaluate_posterior(net, samples, (x, y), verbose=0)["nll"], 4)  # log 2
         0.6931
     """
+    _refuse_regression_net(model, "evaluate_posterior")
     evaluation = _EvaluationData(data, batch_size)
     predictor = _SamplePredictor(model, outputs)
     averager = None

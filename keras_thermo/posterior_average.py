@@ -191,7 +191,7 @@ class PosteriorAverage(RecordingCallback):
     def attach(self, model) -> ParameterRecorder:
         recorder = super().attach(model)
         loss = getattr(model, "loss", None)
-        regression = isinstance(loss, (kt_losses.GaussianNLL, kt_losses.StudentTNLL))
+        regression = isinstance(loss, kt_losses._LocationScaleNLL)  # GaussianNLL, StudentTNLL
         if self._predictor is None or self._predictor.model is not model or regression != self.is_regression:
             if self._averager is not None and self._predictor is not None:
                 raise ValueError(

@@ -68,6 +68,17 @@ def test_a_pipeline_that_drops_its_last_partial_batch_still_agrees_with_num_exam
     assert any("num_examples=70" in w and "trains on 48" in w for w in found), found
 
 
+@pytest.mark.parametrize("cut", ["y", "sample_weight"])
+def test_arrays_of_different_lengths_are_refused_with_their_sizes_before_any_step(cut):
+    x, y = _data()
+    arrays = {"x": x, "y": y, "sample_weight": np.ones(len(x), np.float32)}
+    arrays[cut] = arrays[cut][:10]
+    model = _model()
+    with pytest.raises(ValueError, match=rf"same number of examples .*`x` {len(x)}.*`{cut}` 10"):
+        model.fit(batch_size=10, epochs=1, verbose=0, **arrays)
+    assert not model.built or int(model.sampler_step) == 0
+
+
 def test_num_examples_none_takes_the_training_rows():
     x, y = _data()
     model = _model(num_examples=None)

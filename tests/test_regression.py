@@ -291,6 +291,24 @@ def test_a_model_without_a_gaussian_loss_is_refused_with_what_to_do():
                                          loss=kt.losses.GaussianNLL(scale=1.0), levels=(90,), verbose=0)
 
 
+@pytest.mark.parametrize("loss", [kt.losses.GaussianNLL(), kt.losses.StudentTNLL(df=3.0)])
+def test_the_classification_functions_refuse_a_regression_net_and_name_the_regression_ones(loss):
+    model = _bayesian_model(loss, units=2)
+    x = np.zeros((3, 3), np.float32)
+    model(x)
+    samples = np.zeros((2, 8), np.float32)
+    for function in (kt.predict_posterior, kt.posterior.predict_samples):
+        with pytest.raises(ValueError, match=rf"compiled with {type(loss).__name__}, a regression likelihood.*"
+                                             r"keras_thermo.regression.predict_posterior \(pass `scaler="):
+            function(model, samples, x, verbose=0)
+    with pytest.raises(ValueError, match=r"keras_thermo.regression.evaluate_posterior"):
+        kt.evaluate_posterior(model, samples, (x, np.zeros(3)), verbose=0)
+    # A classifier is unaffected.
+    classifier = _bayesian_model(keras.losses.SparseCategoricalCrossentropy(from_logits=True), units=2)
+    classifier(x)
+    assert kt.predict_posterior(classifier, samples, x, verbose=0).shape == (3, 2)
+
+
 # ---------------------------------------------------------------------------------- during sampling
 
 
