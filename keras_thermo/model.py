@@ -45,8 +45,6 @@ PER_EXAMPLE_METHODS = ("auto", "layers", "vectorized", "dense_layers")
 _MEAN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 
 
-@keras.saving.register_keras_serializable(package="keras_thermo")
-
 def _get_sampler(sampler):
     """`kt_samplers.get(sampler)`, with errors that name the `sampler` argument: a Keras
     optimizer or a sampler class (not an instance) is a common slip."""
@@ -71,6 +69,8 @@ def _get_sampler(sampler):
     except ValueError as error:
         raise ValueError(str(error).replace("`identifier`", "`sampler`")) from None
 
+
+@keras.saving.register_keras_serializable(package="keras_thermo")
 class BayesianModel(SamplingStep, kt_chains.ChainWeights, keras.Model):
     """Turns `fit` on any Keras model into a stochastic-gradient MCMC sampler.
 
@@ -227,13 +227,15 @@ class BayesianModel(SamplingStep, kt_chains.ChainWeights, keras.Model):
         self.built = True
 
     def get_build_config(self):
-        return {"net_built": bool(self.net.built)}
+        return {"net_built": bool(self.net.built), "built": bool(self.built)}
 
     def build_from_config(self, config):
         # The net restores its own build config when it is deserialized; only the sampler state
-        # remains to be created before the saved variables are loaded into it.
-        del config
-        self.build()
+        # remains to be created before the saved variables are loaded into it. A model saved
+        # before it was built (before its first fit) saved no sampler state: it loads unbuilt,
+        # and its first fit builds it. (Files without the key were saved built.)
+        if config.get("built", True):
+            self.build()
 
     def compile(self, optimizer=None, loss=None, **kwargs):
         """Configures the loss and metrics; takes no optimizer (the sampler updates the weights).

@@ -266,6 +266,23 @@ def test_save_load_and_resume_is_bit_exact(name, tmp_path):
         np.testing.assert_array_equal(u.numpy(), v.numpy())
 
 
+def test_a_model_saved_before_its_first_fit_loads_and_fits_as_the_original(tmp_path):
+    x, y = _data()
+    data = _ordered_dataset(x, y, 8)
+    original = _model(kt.samplers.SGNHT(1e-3), prior=kt.priors.Gaussian(1.0))
+    original.compile(loss="mse")
+    path = os.path.join(tmp_path, "model.keras")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="You are saving a model that has not yet been built")
+        original.save(path)  # the net is built, the sampler state not yet
+    restored = keras.saving.load_model(path)
+    for model in (original, restored):
+        model.fit(data, steps_per_epoch=8, epochs=1, verbose=0)
+    assert restored.sampler_step == original.sampler_step == 8
+    for u, v in zip(_weights(original), _weights(restored)):
+        np.testing.assert_array_equal(u, v)
+
+
 def test_get_config_round_trip():
     model = _model(kt.samplers.SGNHT(1e-3, integrator="symmetric"), prior=kt.priors.Gaussian([1.0, 2.0, 1.0, 0.5]), temperature=0.5)
     config = model.get_config()
