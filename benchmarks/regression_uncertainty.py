@@ -17,7 +17,8 @@ Two data sets, both available offline:
 
 One protocol for every data set and method (no constant is tuned per data set or sampler):
 
-- The net: `d -> 50 relu -> 2` (a mean and a raw noise scale, `kt.losses.GaussianNLL()`),
+- The net: `d -> 50 relu -> 2` (a mean and a raw noise scale, `kt.losses.GaussianNLL()`;
+  `--noise shared`: `d -> 50 relu -> 1` and one learned raw scale for every input),
   the prior `kt.priors.FanInGaussian()` (`--prior`: kernels `N(0, 1 / fan_in)`, biases
   `N(0, 1)`; `fan_in:S` scales the kernels' std by S; a number s gives `kt.priors.Gaussian(s)` on
   every weight).
@@ -154,20 +155,36 @@ def calibrated_band_probability(num_rows: int, level: float = LEVEL, band=COVERA
                for k in range(num_rows + 1) if band[0] <= k / num_rows <= band[1])
 
 
-def _net(num_features: int) -> keras.Model:
-    return keras.Sequential(
-        [keras.Input((num_features,)), keras.layers.Dense(HIDDEN, activation="relu"), keras.layers.Dense(2)]
-    )
+class SharedRawScale(keras.layers.Layer):
+    """Appends one learned raw noise scale, the same for every input, to each row's mean: the
+    two columns `kt.losses.GaussianNLL()` reads, with homoscedastic noise."""
+
+    def build(self, input_shape):
+        self.raw_scale = self.add_weight(shape=(1,), initializer="zeros", name="raw_scale")
+
+    def call(self, mean):
+        return keras.ops.concatenate([mean, keras.ops.zeros_like(mean) + self.raw_scale], axis=-1)
+
+
+#: `--noise`: the noise scale learned per input (the net's second output) or one for all inputs.
+NOISE_MODELS = ("input", "shared")
+
+
+def _net(num_features: int, noise: str = "input") -> keras.Model:
+    hidden = [keras.Input((num_features,)), keras.layers.Dense(HIDDEN, activation="relu")]
+    if noise == "shared":
+        return keras.Sequential(hidden + [keras.layers.Dense(1), SharedRawScale()])
+    return keras.Sequential(hidden + [keras.layers.Dense(2)])
 
 
 def _vector(net: keras.Model) -> np.ndarray:
     return np.concatenate([v.numpy().ravel() for v in net.trainable_variables]).astype(np.float32)
 
 
-def fit_map(x: np.ndarray, y: np.ndarray, seed: int, steps: int, prior: kt.priors.Prior) -> keras.Model:
+def fit_map(x: np.ndarray, y: np.ndarray, seed: int, steps: int, prior: kt.priors.Prior, noise: str = "input") -> keras.Model:
     """The MAP net: full-batch Adam on the posterior's negative log density per example."""
     keras.utils.set_random_seed(seed)
-    net = _net(x.shape[1])
+    net = _net(x.shape[1], noise)
     loss = kt.losses.GaussianNLL()
     optimizer = keras.optimizers.Adam(MAP_LEARNING_RATE)
     x_t, y_t, n = tf.constant(x), tf.constant(y), float(x.shape[0])
@@ -189,7 +206,7 @@ def run_sampler(name, x, y, start: keras.Model, args, seed: int) -> tuple[keras.
     (each from its own initialisation, with its own minibatches of `BATCH_SIZE`); after a
     divergence, the samples taken before it."""
     keras.utils.set_random_seed(seed)
-    net = _net(x.shape[1])
+    net = _net(x.shape[1], args.noise)
     if args.start == "map":
         net.set_weights(start.get_weights())
     model = kt.BayesianModel(net, make_sampler(name, args.step_size), num_examples=x.shape[0],
@@ -260,7 +277,8 @@ def evaluate_methods(x_train, y_train, x_eval_sets, args, seed: int, samplers) -
     results = {"ols": {"predictions": {k: ols_prediction(xs, y_train, standardize(v)) for k, v in x_eval_sets.items()},
                        "info": {}}}
     start = time.perf_counter()
-    maps = [fit_map(xs, ys, seed * 100 + member, args.map_steps, make_prior(args.prior)) for member in range(ENSEMBLE_SIZE)]
+    maps = [fit_map(xs, ys, seed * 100 + member, args.map_steps, make_prior(args.prior), args.noise)
+            for member in range(ENSEMBLE_SIZE)]
     map_seconds = time.perf_counter() - start
     vectors = np.stack([_vector(net) for net in maps])
     results["map"] = {
@@ -526,6 +544,9 @@ def main(argv=None) -> None:
                         help='"auto" (the samplers\' defaults) or a step size, used with friction 1')
     parser.add_argument("--prior", default="fan_in", type=parse_prior,
                         help='"fan_in" (kt.priors.FanInGaussian()), "fan_in:S" (FanInGaussian(scale=S)) or a Gaussian std')
+    parser.add_argument("--noise", choices=NOISE_MODELS, default="input",
+                        help='the noise scale: "input" (learned per input, the net\'s second output; default) or '
+                             '"shared" (one learned scale for every input)')
     parser.add_argument("--steps", type=int, default=20000)
     parser.add_argument("--burn-in", type=int, default=5000)
     parser.add_argument("--every", type=int, default=50)
@@ -567,7 +588,8 @@ def main(argv=None) -> None:
     report = {
         "command": "PYTHONPATH=. python -m benchmarks.regression_uncertainty " + " ".join(sys.argv[1:] if argv is None else argv),
         "protocol": {
-            "net": f"d -> {HIDDEN} relu -> 2 (mean, raw scale), kt.losses.GaussianNLL()",
+            "net": (f"d -> {HIDDEN} relu -> 2 (mean, raw scale), kt.losses.GaussianNLL()" if args.noise == "input" else
+                    f"d -> {HIDDEN} relu -> 1 (mean) and one learned raw scale for every input, kt.losses.GaussianNLL()"),
             "prior": describe_prior(args.prior),
             "inputs": "standardized with the training split's mean and std",
             "targets": "kt.regression.TargetScaler on the training split; metrics on the original scale",

@@ -5,6 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from scipy import stats
 
@@ -151,3 +152,20 @@ def test_committed_wide_gap_toy_with_chains_tables_are_those_of_its_results():
     report = json.loads((results / "results.json").read_text())
     assert "[-4, -2.5] and [2.5, 4]" in report["protocol"]["toy"] and report["protocol"]["sampling"].startswith("4 chains")
     assert (results / "tables.md").read_text() == bench.markdown_tables(report)
+
+
+def test_the_shared_noise_net_gives_every_input_the_same_raw_scale():
+    net = bench._net(3, "shared")
+    net.layers[-1].raw_scale.assign([0.7])
+    outputs = net(np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)).numpy()
+    assert outputs.shape == (5, 2)
+    np.testing.assert_array_equal(outputs[:, 1], np.full(5, 0.7, np.float32))
+    assert len(outputs[:, 0]) == len(set(outputs[:, 0].tolist()))  # the means differ by input
+    assert bench._net(3).output_shape == (None, 2)  # the default: a raw scale per input
+
+
+def test_an_unknown_noise_model_is_refused_with_the_choices(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--noise", "constant", "--table-from", "unused.json"])
+    error = capsys.readouterr().err
+    assert "--noise" in error and "'constant'" in error and "'input', 'shared'" in error
