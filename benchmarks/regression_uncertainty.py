@@ -345,15 +345,21 @@ def diabetes(args) -> dict:
             method: {**(score(r["predictions"]["test"], y_all[test]) if r["predictions"] else {}), **r["info"]}
             for method, r in results.items()
         })
+    return diabetes_report(splits, args.samplers, args.test_fraction)
+
+
+def diabetes_report(splits: list, samplers: list, test_fraction: float) -> dict:
+    """Every split's figures, their mean +- sd per method and, per sampler and baseline, on how
+    many splits it meets each target."""
     methods = list(splits[0])
     summary = {}
     for method in methods:
         summary[method] = {}
-        for metric in ("rmse", "nll", "coverage_90", "interval_width_90", "crps"):
+        for metric in SCORES:
             values = np.array([s[method].get(metric, np.nan) for s in splits])
             summary[method][metric] = {"mean": float(np.mean(values)), "std": float(np.std(values, ddof=1))}
     targets = {}
-    for method in args.samplers + ["ensemble", "map"]:
+    for method in samplers + ["ensemble", "map"]:
         per_split = []
         for s in splits:
             m = s[method]
@@ -366,7 +372,43 @@ def diabetes(args) -> dict:
                 "nll_at_most_map": bool(m["nll"] <= s["map"]["nll"]),
             })
         targets[method] = {key: sum(p[key] for p in per_split) for key in per_split[0]}
-    return {"test_fraction": args.test_fraction, "splits": splits, "summary": summary, "targets_met_on_splits": targets}
+    return {"test_fraction": test_fraction, "splits": splits, "summary": summary, "targets_met_on_splits": targets}
+
+
+BASELINES = ("ols", "map", "ensemble")
+SCORES = ("rmse", "nll", "coverage_90", "interval_width_90", "crps")
+
+
+def _scores(figures: dict) -> dict:
+    """A method's test figures on one split, without its timings."""
+    return {k: figures.get(k) for k in SCORES}
+
+
+def merge_diabetes_reports(reports: list[dict]) -> dict:
+    """One diabetes report from several runs of the same protocol and splits with different
+    samplers (run side by side, one sampler each): their baselines must agree figure for figure
+    (they do for the same protocol and seeds), and every sampler's per-split figures are kept."""
+    if any("diabetes" not in r or "toy" in r for r in reports):
+        raise ValueError("only diabetes runs (--skip-toy) can be merged")
+    first = reports[0]["diabetes"]
+    samplers = []
+    for report in reports:
+        diabetes = report["diabetes"]
+        if diabetes.get("test_fraction") != first.get("test_fraction") or len(diabetes["splits"]) != len(first["splits"]):
+            raise ValueError("the runs differ in their splits (--test-fraction or --splits)")
+        for split, first_split in zip(diabetes["splits"], first["splits"]):
+            if any(_scores(split[b]) != _scores(first_split[b]) for b in BASELINES):
+                raise ValueError("the runs' baselines differ: they are not runs of one protocol")
+        found = [m for m in diabetes["splits"][0] if m not in BASELINES]
+        if set(found) & set(samplers):
+            raise ValueError(f"{sorted(set(found) & set(samplers))} appear in more than one run")
+        samplers += found
+    splits = [
+        {**{b: split[b] for b in BASELINES},
+         **{m: v for report in reports for m, v in report["diabetes"]["splits"][index].items() if m not in BASELINES}}
+        for index, split in enumerate(first["splits"])
+    ]
+    return {"diabetes": diabetes_report(splits, samplers, first.get("test_fraction", EARLIER_TEST_FRACTION))}
 
 
 # --------------------------------------------------------------------------------------------
@@ -561,8 +603,9 @@ def main(argv=None) -> None:
                         help="the diabetes rows held out for testing, in (0, 1) (default 0.5)")
     parser.add_argument("--chains", type=int, default=1,
                         help="chains per sampler, run together in one fit and pooled (default 1)")
-    parser.add_argument("--table-from", metavar="RESULTS_JSON",
-                        help="only print the Markdown tables of an earlier run's results.json")
+    parser.add_argument("--table-from", metavar="RESULTS_JSON", nargs="+",
+                        help="only print the Markdown tables of an earlier run's results.json; several "
+                             "diabetes runs of one protocol (one sampler each, say) give one table")
     args = parser.parse_args(argv)
     if args.chains < 1:
         parser.error(f"--chains must be a positive integer, got {args.chains}")
@@ -578,7 +621,12 @@ def main(argv=None) -> None:
     if args.splits == 0 and args.skip_toy:
         parser.error("--splits 0 with --skip-toy leaves nothing to run")
     if args.table_from:
-        print(markdown_tables(json.loads(Path(args.table_from).read_text())), end="")
+        reports = [json.loads(Path(path).read_text()) for path in args.table_from]
+        try:
+            report = reports[0] if len(reports) == 1 else merge_diabetes_reports(reports)
+        except ValueError as error:
+            parser.error(f"--table-from {' '.join(args.table_from)}: {error}")
+        print(markdown_tables(report), end="")
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -169,3 +169,49 @@ def test_an_unknown_noise_model_is_refused_with_the_choices(capsys):
         bench.main(["--noise", "constant", "--table-from", "unused.json"])
     error = capsys.readouterr().err
     assert "--noise" in error and "'constant'" in error and "'input', 'shared'" in error
+
+
+def _split_figures(rmse, nll, coverage):
+    return {"rmse": rmse, "nll": nll, "coverage_90": coverage, "interval_width_90": 3.0, "crps": 1.0}
+
+
+def _one_sampler_report(sampler, figures, seconds=1.0):
+    baselines = {"ols": _split_figures(1.0, 2.0, 0.9), "map": {**_split_figures(1.0, 2.0, 0.8), "seconds": seconds},
+                 "ensemble": {**_split_figures(1.0, 2.1, 0.8), "seconds": seconds}}
+    splits = [{**baselines, sampler: _split_figures(*f)} for f in figures]
+    return {"diabetes": bench.diabetes_report(splits, [sampler], 0.5)}
+
+
+def test_runs_of_one_protocol_with_one_sampler_each_merge_into_one_table():
+    a = _one_sampler_report("sgnht", [(1.0, 1.9, 0.9), (1.2, 2.1, 0.97)], seconds=1.0)
+    b = _one_sampler_report("ccadl", [(1.0, 1.9, 0.9), (1.0, 1.9, 0.9)], seconds=7.0)  # timings may differ
+    merged = bench.merge_diabetes_reports([a, b])["diabetes"]
+    assert list(merged["splits"][0]) == ["ols", "map", "ensemble", "sgnht", "ccadl"]
+    assert merged["targets_met_on_splits"]["sgnht"] == {"rmse_within_5pct_of_ols": 1, "coverage_in_band": 1, "nll_at_most_map": 1}
+    assert merged["targets_met_on_splits"]["ccadl"] == {"rmse_within_5pct_of_ols": 2, "coverage_in_band": 2, "nll_at_most_map": 2}
+    table = bench.markdown_tables({"diabetes": merged})
+    assert "| sgnht |" in table and "| ccadl |" in table and table.count("| ols |") == 1
+
+
+def test_runs_that_are_not_of_one_protocol_are_not_merged(tmp_path, capsys):
+    a = _one_sampler_report("sgnht", [(1.0, 1.9, 0.9)])
+    other_map = _one_sampler_report("ccadl", [(1.0, 1.9, 0.9)])
+    other_map["diabetes"]["splits"][0]["map"]["nll"] = 2.5
+    for other, message in [(other_map, "baselines differ"), (_one_sampler_report("sgnht", [(1.0, 1.9, 0.9)]), "more than one run"),
+                           (_one_sampler_report("ccadl", [(1.0, 1.9, 0.9)] * 2), "differ in their splits"),
+                           ({**a, "toy": {}}, "only diabetes runs")]:
+        with pytest.raises(ValueError, match=message):
+            bench.merge_diabetes_reports([a, other])
+    paths = []
+    for index, report in enumerate([a, other_map]):
+        paths.append(tmp_path / f"{index}.json")
+        paths[-1].write_text(json.dumps(report))
+    with pytest.raises(SystemExit):
+        bench.main(["--table-from", *map(str, paths)])
+    assert "--table-from" in capsys.readouterr().err
+
+
+def test_the_committed_shared_noise_table_merges_its_four_runs():
+    folder = RESULTS.parent / "regression_diabetes_shared_noise"
+    reports = [json.loads((folder / name / "results.json").read_text()) for name in ("sgnht", "ccadl", "mccadl", "sghmc")]
+    assert (folder / "tables.md").read_text() == bench.markdown_tables(bench.merge_diabetes_reports(reports))
