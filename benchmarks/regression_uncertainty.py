@@ -155,17 +155,6 @@ def calibrated_band_probability(num_rows: int, level: float = LEVEL, band=COVERA
                for k in range(num_rows + 1) if band[0] <= k / num_rows <= band[1])
 
 
-class SharedRawScale(keras.layers.Layer):
-    """Appends one learned raw noise scale, the same for every input, to each row's mean: the
-    two columns `kt.losses.GaussianNLL()` reads, with homoscedastic noise."""
-
-    def build(self, input_shape):
-        self.raw_scale = self.add_weight(shape=(1,), initializer="zeros", name="raw_scale")
-
-    def call(self, mean):
-        return keras.ops.concatenate([mean, keras.ops.zeros_like(mean) + self.raw_scale], axis=-1)
-
-
 #: `--noise`: the noise scale learned per input (the net's second output) or one for all inputs.
 NOISE_MODELS = ("input", "shared")
 
@@ -173,7 +162,7 @@ NOISE_MODELS = ("input", "shared")
 def _net(num_features: int, noise: str = "input") -> keras.Model:
     hidden = [keras.Input((num_features,)), keras.layers.Dense(HIDDEN, activation="relu")]
     if noise == "shared":
-        return keras.Sequential(hidden + [keras.layers.Dense(1), SharedRawScale()])
+        return keras.Sequential(hidden + [keras.layers.Dense(1), kt.regression.SharedNoiseScale()])
     return keras.Sequential(hidden + [keras.layers.Dense(2)])
 
 

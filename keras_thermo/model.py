@@ -45,31 +45,6 @@ PER_EXAMPLE_METHODS = ("auto", "layers", "vectorized", "dense_layers")
 _MEAN_REDUCTIONS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 
 
-def _get_sampler(sampler):
-    """`kt_samplers.get(sampler)`, with errors that name the `sampler` argument: a Keras
-    optimizer or a sampler class (not an instance) is a common slip."""
-    if isinstance(sampler, type) and issubclass(sampler, kt_samplers.Sampler):
-        raise TypeError(
-            f"`sampler` must be a sampler instance, a name or a config dict, got the class "
-            f"{sampler.__name__}: pass an instance, {sampler.__name__}()."
-        )
-    if isinstance(sampler, keras.optimizers.Optimizer):
-        raise TypeError(
-            f"`sampler` must be a keras_thermo sampler (an instance such as kt.samplers.SGNHT(), or one of "
-            f"{kt_samplers.available()}), got the Keras optimizer {type(sampler).__name__}: a "
-            "BayesianModel draws samples with a sampler in place of an optimizer."
-        )
-    if not isinstance(sampler, (str, dict, kt_samplers.Sampler)):
-        raise TypeError(
-            f"`sampler` must be a sampler instance, one of {kt_samplers.available()} or a config dict, "
-            f"got {type(sampler).__name__}: {sampler!r}."
-        )
-    try:
-        return kt_samplers.get(sampler)
-    except ValueError as error:
-        raise ValueError(str(error).replace("`identifier`", "`sampler`")) from None
-
-
 @keras.saving.register_keras_serializable(package="keras_thermo")
 class BayesianModel(SamplingStep, kt_chains.ChainWeights, keras.Model):
     """Turns `fit` on any Keras model into a stochastic-gradient MCMC sampler.
@@ -170,7 +145,7 @@ class BayesianModel(SamplingStep, kt_chains.ChainWeights, keras.Model):
         if not isinstance(net, keras.Model):
             raise TypeError(f"`net` must be a keras.Model, got {type(net).__name__}: {net!r}.")
         self.net = net
-        self.sampler = _get_sampler(sampler)
+        self.sampler = kt_samplers._resolve(sampler, {}, argument="sampler")
         self.num_examples = None if num_examples is None else check_int("num_examples", num_examples, low=1)
         self.loss_elements_per_example = check_positive("loss_elements_per_example", loss_elements_per_example)
         self.prior = kt_priors.get(prior)

@@ -405,6 +405,26 @@ def test_posterior_average_regression_arguments_are_checked():
 # ---------------------------------------------------------------------------------- target scale
 
 
+def test_a_shared_noise_scale_is_one_learned_scale_for_every_input_and_saves(tmp_path):
+    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), kt.regression.SharedNoiseScale()])
+    assert net.output_shape == (None, 4)
+    net.layers[-1].raw_scale.assign([0.5, -1.0])
+    x = np.random.default_rng(0).normal(size=(6, 3)).astype(np.float32)
+    outputs = net(x).numpy()
+    np.testing.assert_array_equal(outputs[:, 2:], np.tile([0.5, -1.0], (6, 1)).astype(np.float32))
+    np.testing.assert_allclose(outputs[:, :2], net.layers[-2](x).numpy())
+    # Sampled under GaussianNLL() through fit, saved and loaded with its scale.
+    model = kt.BayesianModel(net, kt.samplers.SGNHT(1e-3), num_examples=6, prior=kt.priors.FanInGaussian(), seed=0)
+    model.compile(loss=kt.losses.GaussianNLL())
+    model.fit(x, np.zeros((6, 2), np.float32), batch_size=6, epochs=2, verbose=0)
+    assert not np.allclose(net.layers[-1].raw_scale.numpy(), [0.5, -1.0])  # it is sampled
+    path = str(tmp_path / "shared.keras")
+    model.save(path)
+    restored = keras.saving.load_model(path)
+    np.testing.assert_array_equal(restored.net.layers[-1].raw_scale.numpy(), net.layers[-1].raw_scale.numpy())
+    np.testing.assert_array_equal(restored.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
 def test_target_scaler_reports_predictions_and_metrics_on_the_targets_scale():
     rng = np.random.default_rng(3)
     y_train = rng.normal(loc=[100.0, -3.0], scale=[20.0, 0.1], size=(50, 2))

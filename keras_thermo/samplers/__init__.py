@@ -46,22 +46,40 @@ def get(identifier, **kwargs) -> Sampler:
         >>> kt.samplers.get("sgnht", step_size=1e-3).name
         'sgnht'
     """
-    if isinstance(identifier, Sampler):
+    return _resolve(identifier, kwargs, argument="identifier")
+
+
+def _resolve(value, kwargs: dict, *, argument: str) -> Sampler:
+    """`get`, with errors that name `argument` (`BayesianModel`'s `sampler`): a Keras optimizer
+    or a sampler class instead of an instance are the common slips."""
+    if isinstance(value, Sampler):
         if kwargs:
             raise ValueError(
                 f"Keyword arguments {sorted(kwargs)} were given with the sampler instance "
-                f"{identifier!r}; pass either an instance, or a name with keyword arguments."
+                f"{value!r}; pass either an instance, or a name with keyword arguments."
             )
-        return identifier
-    if isinstance(identifier, dict):
-        return keras.saving.deserialize_keras_object(identifier)
-    if isinstance(identifier, str):
-        key = identifier.lower().replace("-", "_")
+        return value
+    if isinstance(value, dict):
+        return keras.saving.deserialize_keras_object(value)
+    if isinstance(value, str):
+        key = value.lower().replace("-", "_")
         if key not in _REGISTRY:
-            raise ValueError(f"`identifier` must be one of {sorted(_REGISTRY)}, got {identifier!r}.")
+            raise ValueError(f"`{argument}` must be one of {sorted(_REGISTRY)}, got {value!r}.")
         return _REGISTRY[key](**kwargs)
+    if isinstance(value, type) and issubclass(value, Sampler):
+        raise TypeError(
+            f"`{argument}` must be a sampler instance, a name or a config dict, got the class "
+            f"{value.__name__}: pass an instance, {value.__name__}()."
+        )
+    if isinstance(value, keras.optimizers.Optimizer):
+        raise TypeError(
+            f"`{argument}` must be a keras_thermo sampler (an instance such as kt.samplers.SGNHT(), or one "
+            f"of {available()}), got the Keras optimizer {type(value).__name__}: a BayesianModel draws "
+            "samples with a sampler in place of an optimizer."
+        )
     raise TypeError(
-        f"`identifier` must be a sampler name, a config dict or a Sampler, got {identifier!r}."
+        f"`{argument}` must be a sampler instance, one of {available()} or a config dict, got "
+        f"{type(value).__name__}: {value!r}."
     )
 
 
