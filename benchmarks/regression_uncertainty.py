@@ -126,7 +126,7 @@ def parse_prior(text: str):
     if not value > 0 or math.isinf(value):
         raise argparse.ArgumentTypeError(
             f"--prior must be 'fan_in', 'fan_in:S' with S a positive number, or a positive number, got {text!r}")
-    return f"fan_in:{value:g}" if fan_in else value
+    return f"fan_in:{value!r}" if fan_in else value
 
 
 def make_prior(prior) -> kt.priors.Prior:
@@ -368,6 +368,10 @@ BASELINES = ("ols", "map", "ensemble")
 SCORES = ("rmse", "nll", "coverage_90", "interval_width_90", "crps")
 
 
+def _protocol_less_samplers(report: dict) -> dict:
+    return {k: v for k, v in report.get("protocol", {}).items() if k != "samplers"}
+
+
 def _scores(figures: dict) -> dict:
     """A method's test figures on one split, without its timings."""
     return {k: figures.get(k) for k in SCORES}
@@ -385,6 +389,8 @@ def merge_diabetes_reports(reports: list[dict]) -> dict:
         diabetes = report["diabetes"]
         if diabetes.get("test_fraction") != first.get("test_fraction") or len(diabetes["splits"]) != len(first["splits"]):
             raise ValueError("the runs differ in their splits (--test-fraction or --splits)")
+        if _protocol_less_samplers(report) != _protocol_less_samplers(reports[0]):
+            raise ValueError("the runs' protocols differ (beyond their samplers): they are not runs of one protocol")
         for split, first_split in zip(diabetes["splits"], first["splits"]):
             if any(_scores(split[b]) != _scores(first_split[b]) for b in BASELINES):
                 raise ValueError("the runs' baselines differ: they are not runs of one protocol")

@@ -193,6 +193,37 @@ def is_array_data(x) -> bool:
     return bool(leaves) and all(isinstance(leaf, (np.ndarray, tf.Tensor)) for leaf in leaves)
 
 
+def _check_same_rows(named: dict, where: str) -> None:
+    """Every array of `named` (x, y, sample_weight, each possibly a structure) holds one row per
+    example."""
+    def rows(array):  # None for what has no rows (Keras refuses it with its own message)
+        shape = getattr(array, "shape", None)
+        return int(shape[0]) if shape is not None and len(shape) and shape[0] is not None else None
+
+    sizes = {}
+    for name, value in named.items():
+        paths = keras.tree.flatten_with_path(value) if keras.tree.is_nested(value) else [((), value)]
+        for path, array in paths:
+            if rows(array) is not None:
+                sizes[name + "".join(f"[{key!r}]" for key in path)] = rows(array)
+    if len(set(sizes.values())) > 1:
+        listed = ", ".join(f"`{name}` {size}" for name, size in sizes.items())
+        raise ValueError(f"{where} must hold the same number of examples (rows along the first axis); got {listed}.")
+
+
+def check_array_rows(arguments: dict) -> None:
+    """`fit`'s arrays, and `validation_data`'s, each hold one row per example: refused before the
+    first batch builds the net or the minibatches are drawn (Keras checks too, but only after the
+    draws would have indexed past the shorter, or, for `validation_data`, after the first epoch)."""
+    named = {name: arguments[name] for name in ("x", "y", "sample_weight") if arguments.get(name) is not None}
+    if is_array_data(named.get("x")):
+        _check_same_rows(named, "fit's arrays")
+    validation = arguments.get("validation_data")
+    if isinstance(validation, (tuple, list)) and is_array_data(validation[0] if validation else None):
+        _check_same_rows({name: v for name, v in zip(("x", "y", "sample_weight"), validation) if v is not None},
+                         "`validation_data`'s arrays")
+
+
 def check_chain_batch_size(model, x, batch_size, draws_batches: bool) -> None:
     """Refuses, before the first step, batches of a known size that do not split into one
     equal part per chain (`chain_minibatches="split"`); sizes that show only at run time

@@ -38,26 +38,11 @@ def first_batch_inputs(x, y, batch_size):
     return None
 
 
-def _check_same_rows(named: dict) -> None:
-    """Every array of `fit`'s x, y and sample_weight holds one row per example (Keras checks
-    this too, but only after the minibatches drawn here would have indexed past the shorter)."""
-    def rows(array):
-        return int(array.shape[0] if hasattr(array, "shape") else len(array))
-
-    sizes = {name: sorted({rows(a) for a in tf.nest.flatten(value)}) for name, value in named.items()}
-    if len({size for values in sizes.values() for size in values}) > 1:
-        listed = ", ".join(f"`{name}` {' and '.join(map(str, values))}" for name, values in sizes.items())
-        raise ValueError(
-            f"fit's arrays must hold the same number of examples (rows along the first axis); got {listed}."
-        )
-
-
 def draw_array_minibatches_with_replacement(model, arguments) -> None:
     """Replaces `fit`'s arrays by `data.keyed_minibatches` (see `fit`), keeping Keras' epoch
     length, `validation_split` (the last fraction, as Keras takes it) and `sample_weight`."""
     batch_size = arguments.pop("batch_size", None) or 32
     named = {name: arguments.pop(name) for name in ("x", "y", "sample_weight") if arguments.get(name) is not None}
-    _check_same_rows(named)
     arrays = tuple(named.values())
     split = arguments.pop("validation_split", 0.0) or 0.0
     if split:

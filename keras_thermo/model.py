@@ -208,7 +208,8 @@ class BayesianModel(SamplingStep, kt_chains.ChainWeights, keras.Model):
         # The net restores its own build config when it is deserialized; only the sampler state
         # remains to be created before the saved variables are loaded into it. A model saved
         # before it was built (before its first fit) saved no sampler state: it loads unbuilt,
-        # and its first fit builds it. (Files without the key were saved built.)
+        # and its first fit builds it. Files written before the "built" key are taken as built
+        # (so one of those saved before its first fit still does not load).
         if config.get("built", True):
             self.build()
 
@@ -532,6 +533,7 @@ class BayesianModel(SamplingStep, kt_chains.ChainWeights, keras.Model):
         arguments = bound.arguments
         if not self.compiled:
             raise ValueError("Call `compile(loss=...)` on the BayesianModel before `fit`.")
+        _fit_checks.check_array_rows(arguments)
         self._build_from_data(arguments.get("x"), arguments.get("y"), arguments.get("batch_size"))
         split = arguments.get("validation_split", 0.0)
         rows = _fit_checks.training_rows(arguments.get("x"), split)

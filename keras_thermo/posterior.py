@@ -171,17 +171,25 @@ def _resolve_outputs(model: keras.Model, outputs: str | None) -> str:
     )
 
 
-def _refuse_regression_net(model: keras.Model, function: str, instead: str | None = None) -> None:
-    """Class probabilities of a net compiled with a regression likelihood mean nothing: point to
-    `keras_thermo.regression`'s `instead` (default: the function of the same name)."""
+def _refuse_regression_net(model: keras.Model, function: str) -> None:
+    """Class probabilities of a net compiled with a regression likelihood mean nothing: say what
+    to use instead (`_USE_REGRESSION`)."""
     loss = getattr(model, "loss", None)
     if isinstance(loss, kt_losses._LocationScaleNLL):  # GaussianNLL, StudentTNLL
         raise ValueError(
             f"`model` {model.name!r} is compiled with {type(loss).__name__}, a regression likelihood, "
-            f"but keras_thermo.{function} averages class probabilities. Use "
-            f"keras_thermo.regression.{instead or function} (pass `scaler=` for standardized targets): its "
-            "predictive mean, standard deviations, intervals and metrics."
+            f"but keras_thermo.{function} gives class probabilities. {_USE_REGRESSION[function]}"
         )
+
+
+_USE_REGRESSION = {
+    "predict_posterior": "Use keras_thermo.regression.predict_posterior (pass `scaler=` for standardized targets): "
+                         "the predictive mean, standard deviations and intervals.",
+    "evaluate_posterior": "Use keras_thermo.regression.evaluate_posterior (pass `scaler=` for standardized targets): "
+                          "RMSE, NLL, interval coverage and CRPS.",
+    "predict_samples": "For each sample's own outputs, run the net at the sample (model.predict after setting its "
+                       "weights); keras_thermo.regression.predict_posterior gives the mixture over the samples.",
+}
 
 
 def _probabilities(outputs: np.ndarray, kind: str) -> np.ndarray:
@@ -484,7 +492,7 @@ def predict_samples(
         >>> predict_samples(net, chains, np.ones((5, 2), "float32"), verbose=0).shape
         (4, 10, 5, 3)
     """
-    _refuse_regression_net(model, "predict_samples", instead="predict_posterior")
+    _refuse_regression_net(model, "predict_samples")
     data = _EvaluationData(x, batch_size, name="x")
     source = _sample_source(samples)
     predictor = _SamplePredictor(model, outputs)

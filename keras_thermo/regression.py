@@ -40,6 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_thermo import losses as kt_losses
+from keras_thermo.losses import SharedNoiseScale  # noqa: F401 (public here: the regression nets' noise head)
 from keras_thermo._validation import check_bool
 from keras_thermo.posterior import _EvaluationData, _SamplePredictor, _stream
 from keras_thermo.regression_metrics import (
@@ -52,40 +53,6 @@ from keras_thermo.regression_metrics import (
     _rmse,
     _targets,
 )
-
-
-# --------------------------------------------------------------------------------------------
-# One noise scale for every input
-
-
-@keras.saving.register_keras_serializable(package="keras_thermo")
-class SharedNoiseScale(keras.layers.Layer):
-    """Appends one learned raw noise scale, the same for every input, to each row of means: the
-    `[mean, raw scale]` pairs that `keras_thermo.losses.GaussianNLL()` reads, for homoscedastic
-    noise learned with the weights (a prior on the weights covers the raw scale too; the fan-in
-    prior treats it as a bias).
-
-    Put it after a `Dense(D)` of D means; the net then emits `2 D` columns.
-
-    Example:
-        >>> import keras, numpy as np, keras_thermo as kt
-        >>> net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1), kt.regression.SharedNoiseScale()])
-        >>> outputs = net(np.ones((4, 3), "float32")).numpy()
-        >>> outputs.shape, outputs[:, 1].tolist()        # the raw scale starts at 0 for every row
-        ((4, 2), [0.0, 0.0, 0.0, 0.0])
-
-    Reference: the homoscedastic Gaussian likelihood of Bayesian neural-network regression, as
-    in the UCI benchmarks of Hernandez-Lobato and Adams (2015).
-    """
-
-    def build(self, input_shape):
-        self.raw_scale = self.add_weight(shape=(int(input_shape[-1]),), initializer="zeros", name="raw_scale")
-
-    def call(self, means):
-        return keras.ops.concatenate([means, keras.ops.zeros_like(means) + self.raw_scale], axis=-1)
-
-    def compute_output_shape(self, input_shape):
-        return (*input_shape[:-1], 2 * input_shape[-1])
 
 
 # --------------------------------------------------------------------------------------------

@@ -79,6 +79,20 @@ def test_arrays_of_different_lengths_are_refused_with_their_sizes_before_any_ste
     assert not model.built or int(model.sampler_step) == 0
 
 
+def test_validation_arrays_and_named_inputs_of_different_lengths_are_refused_with_their_names():
+    x, y = _data()
+    model = _model()
+    with pytest.raises(ValueError, match=r"`validation_data`'s arrays must hold the same number.*`x` 10.*`y` 5"):
+        model.fit(x, y, batch_size=10, epochs=1, verbose=0, validation_data=(x[:10], y[:5]))
+    assert not model.built or int(model.sampler_step) == 0  # refused before any step
+    inputs = {"a": keras.Input((x.shape[1],), name="a"), "b": keras.Input((x.shape[1],), name="b")}
+    net = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.Add()([inputs["a"], inputs["b"]])))
+    named = kt.BayesianModel(net, kt.samplers.SGLD(1e-3), num_examples=len(x), seed=0)
+    named.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(ValueError, match=rf"`x\['a'\]` {len(x)}, `x\['b'\]` 7, `y` {len(x)}"):
+        named.fit({"a": x, "b": x[:7]}, y, batch_size=10, epochs=1, verbose=0)
+
+
 def test_num_examples_none_takes_the_training_rows():
     x, y = _data()
     model = _model(num_examples=None)

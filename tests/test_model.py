@@ -199,6 +199,7 @@ BAD_MODEL_INPUTS = [
     (dict(sampler=kt.samplers.SGNHT), TypeError, ["`sampler`", "the class SGNHT", "SGNHT()"]),
     (dict(sampler=keras.optimizers.Adam()), TypeError, ["`sampler`", "Keras optimizer Adam", "'sgnht'"]),
     (dict(sampler=1e-3), TypeError, ["`sampler`", "float", "0.001"]),
+    (dict(sampler=keras.optimizers.serialize(keras.optimizers.Adam())), TypeError, ["`sampler`", "config dict of Adam"]),
     (dict(net="not a model"), TypeError, ["net", "str"]),
     (dict(num_chains=0), ValueError, ["num_chains", "0", ">= 1"]),
     (dict(num_chains="two"), TypeError, ["num_chains", "'two'", "integer"]),
@@ -281,6 +282,17 @@ def test_a_model_saved_before_its_first_fit_loads_and_fits_as_the_original(tmp_p
     assert restored.sampler_step == original.sampler_step == 8
     for u, v in zip(_weights(original), _weights(restored)):
         np.testing.assert_array_equal(u, v)
+
+
+def test_a_build_config_without_the_built_key_builds_the_sampler_state():
+    # Files saved before the key existed were saved after a fit: their state is created to load into.
+    model = _model(kt.samplers.SGNHT(1e-3))
+    model.compile(loss="mse")
+    model.build_from_config({"net_built": True})
+    assert model.built and model._state_variables
+    unbuilt = _model(kt.samplers.SGNHT(1e-3))
+    unbuilt.build_from_config({"net_built": True, "built": False})
+    assert not unbuilt._state_variables
 
 
 def test_get_config_round_trip():

@@ -92,6 +92,15 @@ def _layer_norm():
                              keras.layers.Flatten(), keras.layers.Dense(2)])
 
 
+def _shared_noise_scale(on_sequences):
+    """One noise scale for every input: the regression head, or on sequences (summed positions)."""
+    if on_sequences:
+        return keras.Sequential([keras.Input((3, 5)), keras.layers.Dense(2, activation="tanh"),
+                                 kt.regression.SharedNoiseScale(), keras.layers.Flatten(), keras.layers.Dense(2)])
+    return keras.Sequential([keras.Input((3, 5)), keras.layers.Flatten(), keras.layers.Dense(4, activation="tanh"),
+                             keras.layers.Dense(1), kt.regression.SharedNoiseScale()])
+
+
 def _two_branches():
     """Functional: a Dense branch and a Conv1D branch of the same input, concatenated."""
     inputs = keras.Input((11, 2))
@@ -176,6 +185,8 @@ NETS = {
     "conv1d_strided_same": lambda: _conv1d(strides=2, padding="same"),
     "embedding": _embedding,
     "layer_norm": _layer_norm,
+    "shared_noise_scale": lambda: _shared_noise_scale(on_sequences=False),
+    "shared_noise_scale_on_sequences": lambda: _shared_noise_scale(on_sequences=True),
     "functional_two_branches": _two_branches,
     "subclassed_shared_layer": _subclassed,
     "shared_embedding_mixed_inputs": _shared_embedding_two_inputs,
@@ -238,7 +249,8 @@ def _targets(seed=0):
 # The default suite compares one net per kind of model (functional: Dense and Conv1D; subclassed:
 # a shared Dense and LayerNormalization; a shared Embedding on mixed inputs) and the masked LSTM;
 # the other variants (Conv2D, EinsumDense, GRU, ...) run with the slow tests (~2 s each).
-DEFAULT_NETS = ("functional_two_branches", "subclassed_shared_layer", "shared_embedding_mixed_inputs")
+DEFAULT_NETS = ("functional_two_branches", "subclassed_shared_layer", "shared_embedding_mixed_inputs",
+                "shared_noise_scale_on_sequences")
 DEFAULT_RECURRENT = ("lstm_masked",)
 
 

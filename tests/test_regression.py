@@ -297,10 +297,11 @@ def test_the_classification_functions_refuse_a_regression_net_and_name_the_regre
     x = np.zeros((3, 3), np.float32)
     model(x)
     samples = np.zeros((2, 8), np.float32)
-    for function in (kt.predict_posterior, kt.posterior.predict_samples):
-        with pytest.raises(ValueError, match=rf"compiled with {type(loss).__name__}, a regression likelihood.*"
-                                             r"keras_thermo.regression.predict_posterior \(pass `scaler="):
-            function(model, samples, x, verbose=0)
+    with pytest.raises(ValueError, match=rf"compiled with {type(loss).__name__}, a regression likelihood.*"
+                                         r"keras_thermo.regression.predict_posterior \(pass `scaler="):
+        kt.predict_posterior(model, samples, x, verbose=0)
+    with pytest.raises(ValueError, match=r"a regression likelihood.*each sample's own outputs.*keras_thermo.regression"):
+        kt.posterior.predict_samples(model, samples, x, verbose=0)
     with pytest.raises(ValueError, match=r"keras_thermo.regression.evaluate_posterior"):
         kt.evaluate_posterior(model, samples, (x, np.zeros(3)), verbose=0)
     # A classifier is unaffected.

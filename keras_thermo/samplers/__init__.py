@@ -60,7 +60,13 @@ def _resolve(value, kwargs: dict, *, argument: str) -> Sampler:
             )
         return value
     if isinstance(value, dict):
-        return keras.saving.deserialize_keras_object(value)
+        sampler = keras.saving.deserialize_keras_object(value)
+        if not isinstance(sampler, Sampler):
+            raise TypeError(
+                f"`{argument}` was a config dict of {type(sampler).__name__}, not of a keras_thermo sampler "
+                f"(one of {available()})."
+            )
+        return sampler
     if isinstance(value, str):
         key = value.lower().replace("-", "_")
         if key not in _REGISTRY:

@@ -10,6 +10,7 @@ pre-activation) into column blocks of `G` (`keras_thermo.per_example.blocks`):
 | `embedding` | `Embedding` | explicit rows over the tokens present |
 | `normalization` | `LayerNormalization` | explicit rows (`[n, C]`) |
 | `recurrent` | `LSTM`, `GRU` (any `unroll`, masks, `go_backwards`, `reset_after`) | cheaper of factors and explicit rows, per weight |
+| `noise_scale` | `keras_thermo.regression.SharedNoiseScale` | explicit rows (`[n, D]`) |
 """
 
-from keras_thermo.per_example.rules import conv, dense, embedding, normalization, recurrent  # noqa: F401
+from keras_thermo.per_example.rules import conv, dense, embedding, noise_scale, normalization, recurrent  # noqa: F401
