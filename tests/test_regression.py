@@ -426,6 +426,24 @@ def test_a_shared_noise_scale_is_one_learned_scale_for_every_input_and_saves(tmp
     np.testing.assert_array_equal(restored.predict(x, verbose=0), model.predict(x, verbose=0))
 
 
+@pytest.mark.parametrize("sampler, chains", [(kt.samplers.CCAdL, 2),
+                                             pytest.param(kt.samplers.MCCAdL, 1, marks=pytest.mark.slow)])
+def test_a_shared_noise_scale_runs_under_the_covariance_samplers_with_its_layer_rule(sampler, chains):
+    x = np.random.default_rng(0).normal(size=(32, 3)).astype(np.float32)
+    y = 2.0 * x[:, :1] + 0.1
+    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1),
+                            kt.regression.SharedNoiseScale()])
+    model = kt.BayesianModel(net, sampler(1e-3), num_examples=32, prior=kt.priors.FanInGaussian(), seed=0,
+                             num_chains=chains, per_example_method="layers")  # refuses a layer without a rule
+    model.compile(loss=kt.losses.GaussianNLL(), steps_per_execution=4)
+    collector = kt.callbacks.SampleCollector(every_n_steps=2)
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[collector])
+    samples = np.asarray(collector.samples)
+    assert samples.shape[-1] == net.count_params() and np.all(np.isfinite(samples))
+    prediction = kt.regression.predict_posterior(model, collector, x[:4], verbose=0)
+    assert prediction.mean.shape == (4, 1) and np.all(prediction.aleatoric_std > 0)
+
+
 def test_target_scaler_reports_predictions_and_metrics_on_the_targets_scale():
     rng = np.random.default_rng(3)
     y_train = rng.normal(loc=[100.0, -3.0], scale=[20.0, 0.1], size=(50, 2))
