@@ -129,22 +129,26 @@ def parse_prior(text: str):
     return f"fan_in:{value!r}" if fan_in else value
 
 
+def _fan_in_scale(prior) -> str | None:
+    """The scale S of a parsed `"fan_in:S"` as written, else None."""
+    return prior.partition(":")[2] if isinstance(prior, str) and prior != "fan_in" else None
+
+
 def make_prior(prior) -> kt.priors.Prior:
     """`"fan_in"`: `kt.priors.FanInGaussian()`; `"fan_in:S"`: `FanInGaussian(scale=S)`; a number s:
     `kt.priors.Gaussian(s)`."""
     if prior == "fan_in":
         return kt.priors.FanInGaussian()
-    if isinstance(prior, str):
-        return kt.priors.FanInGaussian(scale=float(prior.split(":")[1]))
-    return kt.priors.Gaussian(prior)
+    scale = _fan_in_scale(prior)
+    return kt.priors.FanInGaussian(scale=float(scale)) if scale else kt.priors.Gaussian(prior)
 
 
 def describe_prior(prior) -> str:
+    """How `results.json` names the prior."""
     if prior == "fan_in":
         return "kt.priors.FanInGaussian()"
-    if isinstance(prior, str):
-        return f"kt.priors.FanInGaussian(scale={prior.split(':')[1]})"
-    return f"kt.priors.Gaussian({prior})"
+    scale = _fan_in_scale(prior)
+    return f"kt.priors.FanInGaussian(scale={scale})" if scale else f"kt.priors.Gaussian({prior})"
 
 
 def calibrated_band_probability(num_rows: int, level: float = LEVEL, band=COVERAGE_BAND) -> float:
@@ -337,6 +341,11 @@ def diabetes(args) -> dict:
     return diabetes_report(splits, args.samplers, args.test_fraction)
 
 
+#: The methods every run has besides its samplers, and the test figures of each.
+BASELINES = ("ols", "map", "ensemble")
+SCORES = ("rmse", "nll", "coverage_90", "interval_width_90", "crps")
+
+
 def diabetes_report(splits: list, samplers: list, test_fraction: float) -> dict:
     """Every split's figures, their mean +- sd per method and, per sampler and baseline, on how
     many splits it meets each target."""
@@ -362,10 +371,6 @@ def diabetes_report(splits: list, samplers: list, test_fraction: float) -> dict:
             })
         targets[method] = {key: sum(p[key] for p in per_split) for key in per_split[0]}
     return {"test_fraction": test_fraction, "splits": splits, "summary": summary, "targets_met_on_splits": targets}
-
-
-BASELINES = ("ols", "map", "ensemble")
-SCORES = ("rmse", "nll", "coverage_90", "interval_width_90", "crps")
 
 
 def _protocol_less_samplers(report: dict) -> dict:

@@ -204,8 +204,9 @@ def _check_same_rows(named: dict, where: str) -> None:
     for name, value in named.items():
         paths = keras.tree.flatten_with_path(value) if keras.tree.is_nested(value) else [((), value)]
         for path, array in paths:
-            if rows(array) is not None:
-                sizes[name + "".join(f"[{key!r}]" for key in path)] = rows(array)
+            size = rows(array)
+            if size is not None:
+                sizes[name + "".join(f"[{key!r}]" for key in path)] = size
     if len(set(sizes.values())) > 1:
         listed = ", ".join(f"`{name}` {size}" for name, size in sizes.items())
         raise ValueError(f"{where} must hold the same number of examples (rows along the first axis); got {listed}.")

@@ -42,8 +42,7 @@ def draw_array_minibatches_with_replacement(model, arguments) -> None:
     """Replaces `fit`'s arrays by `data.keyed_minibatches` (see `fit`), keeping Keras' epoch
     length, `validation_split` (the last fraction, as Keras takes it) and `sample_weight`."""
     batch_size = arguments.pop("batch_size", None) or 32
-    named = {name: arguments.pop(name) for name in ("x", "y", "sample_weight") if arguments.get(name) is not None}
-    arrays = tuple(named.values())
+    arrays = tuple(arguments.pop(name) for name in ("x", "y", "sample_weight") if arguments.get(name) is not None)
     split = arguments.pop("validation_split", 0.0) or 0.0
     if split:
         arrays, validation = kt_data.split_off_validation(arrays, split)
