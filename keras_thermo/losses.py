@@ -190,7 +190,9 @@ class SharedNoiseScale(keras.layers.Layer):
     """
 
     def build(self, input_shape):
-        self.raw_scale = self.add_weight(shape=(int(input_shape[-1]),), initializer="zeros", name="raw_scale")
+        self.raw_scale_initializer = keras.initializers.Zeros()  # what each chain of several starts from
+        self.raw_scale = self.add_weight(shape=(int(input_shape[-1]),), initializer=self.raw_scale_initializer,
+                                         name="raw_scale")
 
     def call(self, means):
         return keras.ops.concatenate([means, keras.ops.zeros_like(means) + self.raw_scale], axis=-1)

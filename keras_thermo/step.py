@@ -193,11 +193,14 @@ class SamplingStep:
         state = self.sampler_state()
         temperature = self._step_temperature(state.step, cross)
         if self._curvature_variable is not None:  # measured on chain 0 and its batch, before any update
-            first = kt_samplers.StepContext(temperature, self.likelihood_weight, batch_size, potential[0], self.chain_seeds[0], per_example[0])
+            contexts = [kt_samplers.StepContext(temperature, self.likelihood_weight, batch_size, potential[k], self.chain_seeds[k], per_example[k])
+                        for k in chains]
             kt_samplers.auto_step.choose_step_size(
-                self.sampler, self._chain_state(state, 0), lambda theta: self._force_at(theta, batches[0]), params[0], first, cross,
+                self.sampler, self._chain_state(state, 0), lambda theta: self._force_at(theta, batches[0]), params[0], contexts[0], cross,
                 step_size_variable=self.sampler._step_size_variable if self.sampler.is_auto_step_size else None,
                 curvature_variable=self._curvature_variable,
+                # The noise bound holds for every chain (each has its own start, batch and noise).
+                other_chains=[(self._chain_state(state, k), params[k], contexts[k]) for k in chains[1:]],
             )
         per_variable = [r for r in self._runtime.temperature_recorders if not r.whole_net]
         results = []

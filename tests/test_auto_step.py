@@ -261,3 +261,21 @@ def test_a_given_friction_keeps_its_value_under_the_automatic_step_size(make_sam
     given, _, _ = _fit_steps(make_sampler(step_size=step_size, friction=2.0), 10, 3)
     for a, b in zip(auto.get_weights(), given.get_weights()):
         np.testing.assert_array_equal(a, b)  # the same steps, bit for bit
+
+
+def test_the_noise_bound_of_the_automatic_step_holds_for_every_chain():
+    """CCAdL's covariance bound is checked on each chain's own minibatch noise, not the first
+    chain's alone: with it taken from chain 0 only, the second chain of this small regression
+    (its own start and batches) diverged at step 5."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 4)).astype("float32")
+    y = (x @ [0.5, -1.0, 0.0, 0.3] + 0.3 * rng.normal(size=32)).astype("float32")[:, None]
+    y = kt.regression.TargetScaler().fit(y).transform(y)
+    keras.utils.set_random_seed(0)
+    net = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5, activation="relu"), keras.layers.Dense(2)])
+    model = kt.BayesianModel(net, kt.samplers.CCAdL(), num_examples=32, prior=kt.priors.FanInGaussian(), seed=5,
+                             num_chains=2)
+    model.compile(loss=kt.losses.GaussianNLL(), steps_per_execution=2)
+    history = model.fit(x, y, batch_size=8, epochs=3, verbose=0)
+    assert np.all(np.isfinite(history.history["potential"]))
+    assert model.sampler.step_size <= min(history.history["step_size_limit"])

@@ -120,14 +120,16 @@ def _build(row: dict):
 
 
 def _build_regression(row: dict):
-    """A dense net with a learned-noise Gaussian likelihood (a mean and a raw scale) on
-    standardized targets."""
+    """A dense net with a learned-noise Gaussian likelihood (a mean and a raw scale, per input or,
+    with `row["noise"] == "shared"`, one for every input) on standardized targets."""
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(ROWS, 4)).astype("float32")
     y = (x @ [0.5, -1.0, 0.0, 0.3] + 0.3 * rng.normal(size=ROWS)).astype("float32")[:, None]
     y = kt.regression.TargetScaler().fit(y).transform(y)
-    net = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5, activation="relu"), keras.layers.Dense(2)])
+    hidden = [keras.Input((4,)), keras.layers.Dense(5, activation="relu")]
+    head = [keras.layers.Dense(1), kt.regression.SharedNoiseScale()] if row.get("noise") == "shared" else [keras.layers.Dense(2)]
+    net = keras.Sequential(hidden + head)
     # The prior the regression docs recommend, so it is saved, resumed and run with chains too.
     model = kt.BayesianModel(net, _sampler(row), num_examples=ROWS, prior=kt.priors.FanInGaussian(), seed=5,
                              num_chains=row["num_chains"])
@@ -257,9 +259,11 @@ def test_every_combination_of_features_composes(row, tmp_path):
     check_combination(row, tmp_path)
 
 
-# Regression: a Gaussian likelihood with learned noise (`kt.losses.GaussianNLL()`) with the
-# features that make sense for it: every sampler, chains, preconditioning, schedules, save/load.
-REGRESSION_FACTORS = {name: FACTORS[name] for name in ("sampler", "num_chains", "preconditioner", "schedule")}
+# Regression: a Gaussian likelihood with learned noise (`kt.losses.GaussianNLL()`, per input or
+# shared by every input) with the features that make sense for it: every sampler, chains,
+# preconditioning, schedules, save/load.
+REGRESSION_FACTORS = {**{name: FACTORS[name] for name in ("sampler", "num_chains", "preconditioner", "schedule")},
+                      "noise": ["input", "shared"]}
 REGRESSION_PAIRS = [{name: row[name] for name in REGRESSION_FACTORS} for row in all_pairs(REGRESSION_FACTORS)]
 
 

@@ -151,7 +151,8 @@ def stability_bound(sampler, curvature: float) -> float:
     return 2.0 / curvature**0.5 if sampler.step_size_is_time else 4.0 / curvature
 
 
-def choose_step_size(sampler, state, force_at, params, context, cross, *, step_size_variable, curvature_variable):
+def choose_step_size(sampler, state, force_at, params, context, cross, *, step_size_variable, curvature_variable,
+                     other_chains=()):
     """The step of `BayesianModel` that keeps an automatic step size: at the measurement steps
     of the adaptation window (`measurement_steps(sampler.adaptation_steps)`), measures the
     largest curvature of `M^-1 H` at `params` on the step's minibatch (`force_at(theta)`: its
@@ -163,6 +164,10 @@ def choose_step_size(sampler, state, force_at, params, context, cross, *, step_s
 
     A step size the user gave (a float) is only measured against, at the same steps: the model
     warns when it is above `stability_bound` (`step_size_variable` None).
+
+    Chains: the curvature is measured on the first chain (`state`, `params`, `context`); the cap
+    is the smallest over it and `other_chains`, `(state, params, context)` of each other chain,
+    since one step size serves them all and each chain's gradient noise is its own.
 
     Replicas: each measures the curvature of its share of U (its slice of the batch, `U / r`
     each), and the shares' curvatures are summed (one scalar all-reduce per step, outside the
@@ -193,6 +198,8 @@ def choose_step_size(sampler, state, force_at, params, context, cross, *, step_s
         measured = tf.logical_and(measure, tf.logical_and(tf.math.is_finite(step_size), step_size > 0))
         step_size = tf.where(measured, step_size, tf.convert_to_tensor(step_size_variable))
         cap = sampler.step_size_cap(context, params, masses)
+        for other_state, other_params, other_context in other_chains if cap is not None else ():
+            cap = tf.minimum(cap, sampler.step_size_cap(other_context, other_params, sampler.masses(other_state.preconditioner)))
         if cap is not None:  # between measurements inside the window the step only follows the cap down
             cap = tf.cast(cap, tf.float32)
             capped = tf.logical_and(state.step < window, tf.logical_and(tf.math.is_finite(cap), cap > 0))
