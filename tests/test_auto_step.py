@@ -244,7 +244,14 @@ def test_a_given_step_size_above_the_stability_bound_warns_and_names_the_automat
     assert steps[-1][1] == pytest.approx(lam, rel=1e-2)  # measured, and logged, for a given step size too
 
 
-@pytest.mark.parametrize("make_sampler", [kt.samplers.SGHMC, kt.samplers.SGNHT, kt.samplers.CCAdL, kt.samplers.MCCAdL])
+def _without_window(make_sampler):
+    """CCAdL and mCCAdL with `warmup_steps=0`: their noise correction then runs from the first
+    step under the automatic step size too, as it does under a given one."""
+    return lambda **kwargs: make_sampler(warmup_steps=0, **kwargs)
+
+
+@pytest.mark.parametrize("make_sampler", [kt.samplers.SGHMC, kt.samplers.SGNHT, _without_window(kt.samplers.CCAdL),
+                                          _without_window(kt.samplers.MCCAdL)], ids=["SGHMC", "SGNHT", "CCAdL", "MCCAdL"])
 def test_a_given_friction_keeps_its_value_under_the_automatic_step_size(make_sampler):
     """`friction=2.0` with the default `step_size="auto"` runs (the thermostat starts at the
     given A, without waiting for the measured step) and is the same chain as the measured step
@@ -266,16 +273,45 @@ def test_a_given_friction_keeps_its_value_under_the_automatic_step_size(make_sam
 def test_the_noise_bound_of_the_automatic_step_holds_for_every_chain():
     """CCAdL's covariance bound is checked on each chain's own minibatch noise, not the first
     chain's alone: with it taken from chain 0 only, the second chain of this small regression
-    (its own start and batches) diverged at step 5."""
+    (its own start and batches) diverged at step 5. The bound holds from the window's end (step
+    4 here), where the covariance friction starts."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(32, 4)).astype("float32")
     y = (x @ [0.5, -1.0, 0.0, 0.3] + 0.3 * rng.normal(size=32)).astype("float32")[:, None]
     y = kt.regression.TargetScaler().fit(y).transform(y)
     keras.utils.set_random_seed(0)
     net = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5, activation="relu"), keras.layers.Dense(2)])
-    model = kt.BayesianModel(net, kt.samplers.CCAdL(), num_examples=32, prior=kt.priors.FanInGaussian(), seed=5,
-                             num_chains=2)
+    model = kt.BayesianModel(net, kt.samplers.CCAdL(warmup_steps=4), num_examples=32, prior=kt.priors.FanInGaussian(),
+                             seed=5, num_chains=2)
     model.compile(loss=kt.losses.GaussianNLL(), steps_per_execution=2)
     history = model.fit(x, y, batch_size=8, epochs=3, verbose=0)
     assert np.all(np.isfinite(history.history["potential"]))
     assert model.sampler.step_size <= min(history.history["step_size_limit"])
+
+
+@pytest.mark.parametrize("make_sampler, variants", [
+    (kt.samplers.CCAdL, ("diag", "full")),
+    (kt.samplers.MCCAdL, ("minibatch", "diag")),
+])
+def test_the_noise_correction_starts_at_the_end_of_the_automatic_steps_window(make_sampler, variants):
+    """Inside the automatic step size's window CCAdL and mCCAdL run without their gradient-noise
+    correction: two covariance estimates give the same chain there, bit for bit, and part from
+    the window's end on. With a given step size (no window) they part from the first steps."""
+    x, y = _data()
+    window = 12
+
+    def weights_after(covariance, steps, step_size="auto"):
+        sampler = make_sampler(step_size=step_size, covariance=covariance, warmup_steps=window)
+        keras.utils.set_random_seed(0)
+        model = kt.BayesianModel(testing.linear_regression_net(FEATURES), sampler, num_examples=ROWS,
+                                 prior=kt.priors.Gaussian(PRIOR_STD), seed=0)
+        model.compile(loss="mse", steps_per_execution=1)
+        model.fit(x, y, batch_size=4, epochs=steps // (ROWS // 4), shuffle=False, verbose=0)
+        return np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
+
+    inside = [weights_after(c, 10) for c in variants]
+    np.testing.assert_array_equal(inside[0], inside[1])
+    after = [weights_after(c, 20) for c in variants]
+    assert not np.allclose(after[0], after[1], rtol=1e-4, atol=0)
+    given = [weights_after(c, 10, step_size=1e-3) for c in variants]
+    assert not np.allclose(given[0], given[1], rtol=1e-4, atol=0)

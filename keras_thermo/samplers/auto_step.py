@@ -158,8 +158,10 @@ def choose_step_size(sampler, state, force_at, params, context, cross, *, step_s
     largest curvature of `M^-1 H` at `params` on the step's minibatch (`force_at(theta)`: its
     force at `theta`), keeps the largest from the window's middle on, and assigns the step size
     `sampler.auto_step_size` gives for it; at every other step leaves both as they are, but
-    inside the window lowers the step size to `sampler.step_size_cap` where that is smaller
-    (CCAdL's noise bound), so from the end of the window on the step size is frozen. Run
+    inside the window and at its end lowers the step size to `sampler.step_size_cap` where that
+    is smaller (only at the end for a sampler with `caps_inside_window` False: CCAdL's noise
+    bound, whose correction starts there), so from the end of the window on the step size is
+    frozen. Run
     before the sampler's update, which reads `step_size_variable`. Returns the curvature the step size comes from (float32).
 
     A step size the user gave (a float) is only measured against, at the same steps: the model
@@ -202,7 +204,11 @@ def choose_step_size(sampler, state, force_at, params, context, cross, *, step_s
             cap = tf.minimum(cap, sampler.step_size_cap(other_context, other_params, sampler.masses(other_state.preconditioner)))
         if cap is not None:  # between measurements inside the window the step only follows the cap down
             cap = tf.cast(cap, tf.float32)
-            capped = tf.logical_and(state.step < window, tf.logical_and(tf.math.is_finite(cap), cap > 0))
+            # Through the window's end (the step it freezes); a sampler whose bound guards a
+            # correction it runs only after the window (CCAdL) is capped at its end alone.
+            inside = tf.less(state.step, window) if sampler.caps_inside_window else tf.constant(False)
+            in_force = tf.logical_or(inside, tf.equal(state.step, window))
+            capped = tf.logical_and(in_force, tf.logical_and(tf.math.is_finite(cap), cap > 0))
             step_size = tf.where(capped, tf.minimum(step_size, cap), step_size)
         step_size_variable.assign(step_size)
     curvature = tf.where(measured, curvature, tf.convert_to_tensor(curvature_variable))

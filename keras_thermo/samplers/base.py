@@ -267,6 +267,10 @@ class Sampler:
         del context, params, masses
         return auto_step.step_for_curvature(self, curvature)
 
+    #: Whether `step_size_cap` holds at every step of the adaptation window (True) or only at its
+    #: end, where the step size freezes (a bound on a part of the update that starts there).
+    caps_inside_window = True
+
     def step_size_cap(self, context: "StepContext", params, masses) -> tf.Tensor | None:
         """The largest automatic step size this step's own statistics allow during the
         adaptation window, between its curvature measurements, or None (no cap: the samplers

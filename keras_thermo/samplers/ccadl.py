@@ -164,12 +164,18 @@ class CCAdL(ThermostatSampler):
         by_curvature = super().auto_step_size(curvature, context, params, masses)
         return tf.minimum(by_curvature, self.step_size_cap(context, params, masses))
 
+    #: The noise bound guards the covariance friction, which starts at the window's end
+    #: (`covariance_correction_on`): the step is capped there, on every chain's minibatch.
+    caps_inside_window = False
+
     def step_size_cap(self, context: StepContext, params, masses) -> tf.Tensor:
         """`NOISE_FRACTION` of the covariance friction's stability bound on this minibatch
-        (`auto_step_size`). Applied at every step of the adaptation window: a net's per-example
-        gradients grow many-fold as it leaves its initialisation, faster than the curvature
-        measurements come (on real Fashion-MNIST they outgrew the first step's bound within 87
-        steps, and the covariance friction then amplified the momentum until the run diverged)."""
+        (`auto_step_size`), applied where the step size freezes, at the window's end. Inside
+        the window the friction is off: a net's per-example gradients grow many-fold as it leaves
+        its initialisation (on real Fashion-MNIST they outgrew the first step's bound within 87
+        steps, and the covariance friction then amplified the momentum until the run diverged),
+        and a step held under that bound through the window let the chain settle where the
+        curvature allowed only that short a step."""
         variances = require_per_example_gradients(context, "CCAdL").diagonal_covariance()
         inverse_mass = [tf.broadcast_to(1.0 / m, p.shape) for m, p in zip(integrators.per_tensor(masses, len(params)), params)]
         largest = force_noise_scale(context) * tf.reduce_max(tf.cast(variances, tf.float32) * _tree.flatten(inverse_mass))
@@ -257,8 +263,10 @@ class CCAdL(ThermostatSampler):
             full_inverse = [tf.broadcast_to(w, p.shape) for w, p in zip(inverse_mass, params)]
             noise_scale = sigma_scale * self._trace(average, full_inverse) / float(num_params)
             largest = sigma_scale * self._largest_diagonal(average, full_inverse)
-        # p + h (F - (h/2) beta Sigma p) - h xi p + noise is the paper's momentum update.
-        corrected_force = [f - (0.5 * h * beta) * s for f, s in zip(force, sigma_p)]
+        # p + h (F - (h/2) beta Sigma p) - h xi p + noise is the paper's momentum update (inside
+        # the automatic step's window without the Sigma term: `covariance_correction_on`).
+        rate = (0.5 * h * beta) * self.covariance_correction_on(state.step)
+        corrected_force = [f - rate * s for f, s in zip(force, sigma_p)]
         noise = context.normal(state.step, params, kt_random.STREAM_MOMENTUM)
         momentum = integrators.euler_momentum(
             state.momentum, corrected_force, noise, state.xi, h, **self.ou_kwargs(context, mass, h=h)
