@@ -114,7 +114,8 @@ def test_step_size_is_frozen_after_the_adaptation_window():
 
 
 class _CappedSGHMC(kt.samplers.SGHMC):
-    """SGHMC with a step-size cap the test sets: the hook CCAdL's noise bound goes through."""
+    """SGHMC with a step-size cap the test sets, held through the whole window (CCAdL's noise
+    bound goes through the same hook, held at the window's end only)."""
 
     def __init__(self):
         super().__init__()
@@ -271,10 +272,11 @@ def test_a_given_friction_keeps_its_value_under_the_automatic_step_size(make_sam
 
 
 def test_the_noise_bound_of_the_automatic_step_holds_for_every_chain():
-    """CCAdL's covariance bound is checked on each chain's own minibatch noise, not the first
-    chain's alone: with it taken from chain 0 only, the second chain of this small regression
-    (its own start and batches) diverged at step 5. The bound holds from the window's end (step
-    4 here), where the covariance friction starts."""
+    """Two CCAdL chains of a small regression with the automatic step run finite and below the
+    covariance friction's logged limit. (With the bound taken from the first chain alone and held
+    through the window, the second chain diverged at step 5; the bound is now taken where the
+    friction starts, at the window's end, and its minimum over the chains is checked exactly by
+    `test_a_cap_held_at_the_end_of_the_window_is_the_smallest_over_every_chain`.)"""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(32, 4)).astype("float32")
     y = (x @ [0.5, -1.0, 0.0, 0.3] + 0.3 * rng.normal(size=32)).astype("float32")[:, None]
@@ -289,29 +291,68 @@ def test_the_noise_bound_of_the_automatic_step_holds_for_every_chain():
     assert model.sampler.step_size <= min(history.history["step_size_limit"])
 
 
-@pytest.mark.parametrize("make_sampler, variants", [
-    (kt.samplers.CCAdL, ("diag", "full")),
-    (kt.samplers.MCCAdL, ("minibatch", "diag")),
-])
-def test_the_noise_correction_starts_at_the_end_of_the_automatic_steps_window(make_sampler, variants):
-    """Inside the automatic step size's window CCAdL and mCCAdL run without their gradient-noise
-    correction: two covariance estimates give the same chain there, bit for bit, and part from
-    the window's end on. With a given step size (no window) they part from the first steps."""
+def test_the_covariance_friction_starts_at_the_end_of_the_automatic_steps_window():
+    """Inside the automatic step size's window CCAdL runs without its covariance friction: two
+    covariance estimates (diagonal and full) give the same chain through its last step, bit for
+    bit, and part at the window's end, where the friction starts. With a given step size (no
+    window) they part from the first step. mCCAdL keeps its C step inside the window (without
+    it, its longer step left the upper layers of a real-scale net far hotter than T)."""
     x, y = _data()
     window = 12
+    batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(4).repeat()
 
-    def weights_after(covariance, steps, step_size="auto"):
+    def weights_after(make_sampler, covariance, steps, step_size="auto"):
         sampler = make_sampler(step_size=step_size, covariance=covariance, warmup_steps=window)
         keras.utils.set_random_seed(0)
         model = kt.BayesianModel(testing.linear_regression_net(FEATURES), sampler, num_examples=ROWS,
                                  prior=kt.priors.Gaussian(PRIOR_STD), seed=0)
         model.compile(loss="mse", steps_per_execution=1)
-        model.fit(x, y, batch_size=4, epochs=steps // (ROWS // 4), shuffle=False, verbose=0)
+        model.fit(batches, steps_per_epoch=steps, epochs=1, verbose=0)
         return np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
 
-    inside = [weights_after(c, 10) for c in variants]
-    np.testing.assert_array_equal(inside[0], inside[1])
-    after = [weights_after(c, 20) for c in variants]
-    assert not np.allclose(after[0], after[1], rtol=1e-4, atol=0)
-    given = [weights_after(c, 10, step_size=1e-3) for c in variants]
-    assert not np.allclose(given[0], given[1], rtol=1e-4, atol=0)
+    def both(steps, make_sampler=kt.samplers.CCAdL, variants=("diag", "full"), **kwargs):
+        return [weights_after(make_sampler, c, steps, **kwargs) for c in variants]
+
+    np.testing.assert_array_equal(*both(window))          # steps 0 .. W-1
+    assert not np.allclose(*both(window + 1), rtol=1e-5, atol=0)   # step W: the friction starts
+    assert not np.allclose(*both(1, step_size=1e-3), rtol=1e-5, atol=0)
+    mccadl = both(1, make_sampler=kt.samplers.MCCAdL, variants=("minibatch", "diag"))
+    assert not np.allclose(*mccadl, rtol=1e-5, atol=0)
+
+
+class _ChainCappedSGHMC(kt.samplers.SGHMC):
+    """SGHMC with a cap `0.01 / U` from each chain's own potential, held at the window's end
+    only: the path of CCAdL's noise bound."""
+
+    caps_inside_window = False
+
+    def step_size_cap(self, context, params, masses):
+        return 0.01 / context.potential
+
+
+def test_a_cap_held_at_the_end_of_the_window_is_the_smallest_over_every_chain():
+    """Inside the window the cap leaves the measured step alone; where the step freezes it is the
+    smallest of every chain's (the second chain's here, then the first's)."""
+    sampler = _ChainCappedSGHMC()
+    params = [tf.ones([3])]
+    state = sampler.init(params, temperature=1.0, seed=0)
+    window = sampler.adaptation_steps
+    step_size, curvature = tf.Variable(float("nan")), tf.Variable(0.0)
+
+    class Cross:  # one replica
+        sum = staticmethod(lambda value: value)
+
+    def step_at(step, potentials):
+        at = state._replace(step=tf.constant(step, tf.int64))
+        first, *others = [kt.samplers.base.StepContext(temperature=1.0, num_examples=10, batch_size=tf.constant(5.0),
+                                                        potential=tf.constant(u), seed=0) for u in potentials]
+        auto_step.choose_step_size(sampler, at, lambda theta: [-t for t in theta], params, first, Cross(),
+                                   step_size_variable=step_size, curvature_variable=curvature,
+                                   other_chains=[(at, params, other) for other in others])
+        return float(step_size.numpy())
+
+    measured = auto_step.STABILITY_FRACTION / 1.0  # the Hessian is the identity
+    assert step_at(0, [1.0, 2.0]) == pytest.approx(measured, rel=1e-4)
+    assert step_at(1, [1.0, 2.0]) == pytest.approx(measured, rel=1e-4)
+    assert step_at(window, [1.0, 2.0]) == pytest.approx(0.005, rel=1e-6)
+    assert step_at(window, [4.0, 2.0]) == pytest.approx(0.0025, rel=1e-6)

@@ -10,12 +10,9 @@ the integrators oscillate with `omega = sqrt(lambda)`: they are stable only whil
 in that direction and less in every softer one. SGLD's `eps` and TACT-HMC's `eta` are squared
 step sizes (`h^2 / M`), so theirs is `STABILITY_FRACTION^2 / lambda`. CCAdL's explicit
 covariance friction adds its own bound, `h < 2 / sqrt(beta lambda_Sigma)`: its step is also at
-most `NOISE_FRACTION` of that (`CCAdL.auto_step_size`), taken on every chain's minibatch where the
-step freezes, at the window's end (`Sampler.step_size_cap`). CCAdL and mCCAdL run without their
-noise correction inside the window (`ThermostatSampler.covariance_correction_on`): a net's
-gradient noise grows many-fold in its first hundred steps from Keras' initialisation, and a
-chain held to that bound, or damped by the correction, through the window settles where the
-curvature is many times larger, so the step measured there stays as short.
+most `NOISE_FRACTION` of that (`CCAdL.step_size_cap`), taken on every chain's minibatch where the
+step freezes, at the window's end. Inside the window CCAdL runs without that friction
+(`CCAdL.covariance_friction_weight`, which says why).
 
 `lambda` is measured by power iteration with Hessian-vector products from finite differences of
 the force (`largest_curvature`; the fused cross-entropy of TensorFlow has no second derivative,

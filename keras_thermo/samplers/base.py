@@ -262,8 +262,8 @@ class Sampler:
     def auto_step_size(self, curvature, context: "StepContext", params, masses) -> tf.Tensor:
         """The automatic step size for the largest curvature `lambda` of `M^-1 H` (float32):
         `STABILITY_FRACTION / sqrt(lambda)`, or its square for a squared step size
-        (`keras_thermo.samplers.auto_step`). `context`, `params` and `masses` (`masses`) are the
-        step's, for the samplers that also bound the step by the gradient noise."""
+        (`keras_thermo.samplers.auto_step`). `context`, `params` and `masses` are the step's,
+        for a sampler whose measured step also depends on the step's own statistics."""
         del context, params, masses
         return auto_step.step_for_curvature(self, curvature)
 
@@ -272,9 +272,9 @@ class Sampler:
     caps_inside_window = True
 
     def step_size_cap(self, context: "StepContext", params, masses) -> tf.Tensor | None:
-        """The largest automatic step size this step's own statistics allow during the
-        adaptation window, between its curvature measurements, or None (no cap: the samplers
-        whose stability depends on the curvature alone)."""
+        """The largest automatic step size this step's own statistics allow, or None (no cap:
+        the samplers whose stability depends on the curvature alone). Applied at every step of
+        the adaptation window and at its end (`caps_inside_window`), or at its end only."""
         del context, params, masses
         return None
 

@@ -265,14 +265,13 @@ class MCCAdL(ThermostatSampler):
         rows = per_example.count
         state, mass, preconditioner, restarted = self.start_step(state, params, force, context)
         average = state.covariance
-        on = self.covariance_correction_on(state.step)  # no C step inside the automatic step's window
         if self.covariance == "diag":
             weight = covariance_average.sampler_weight(self, state.step)
             average = covariance_average.diagonal_average(state.covariance, per_example, params, weight)
             # Sigma = (N^2/n) I_t / M per coordinate (M the scalar or diagonal mass): the exact flow
             # of dp = -(h/2) beta Sigma p dt over h is elementwise (derivation as below).
             inverse_mass = [1.0 / m for m in integrators.per_tensor(mass, len(params))]
-            rate = h * (0.5 * h) * beta * force_noise_scale(context) * on
+            rate = h * (0.5 * h) * beta * force_noise_scale(context)
 
             def c_step(momentum):
                 return [p * tf.exp(-rate * integrators.as_float32(v) * w)
@@ -285,7 +284,7 @@ class MCCAdL(ThermostatSampler):
             # The papers' Sigma is the force covariance over the mass, (N^2/n) Gc^T Gc / ((n-1) M),
             # so h (h/2) beta Sigma = tau Gc^T Gc with:
             sigma_scale = force_noise_scale(context) / self.mass
-            tau = h * (0.5 * h) * beta * sigma_scale / (rows - 1.0) * on
+            tau = h * (0.5 * h) * beta * sigma_scale / (rows - 1.0)
 
             def c_step(momentum):
                 momentum, matvecs, method_code = covariance_step(momentum, centered, tau, self.expm)
@@ -299,7 +298,7 @@ class MCCAdL(ThermostatSampler):
             # the exact flow of dq = -(h/2) beta Sigma q dt over h: q <- exp(-tau Gs^T Gs) q with
             # Gs = Gc M^-1/2 and the tau of a unit mass; p = M^1/2 q.
             sigma_scale = force_noise_scale(context)
-            tau = h * (0.5 * h) * beta * sigma_scale / (rows - 1.0) * on
+            tau = h * (0.5 * h) * beta * sigma_scale / (rows - 1.0)
             inverse_sqrt = [tf.broadcast_to(tf.math.rsqrt(m), p.shape) for m, p in zip(mass, params)]
             flat_inverse_sqrt = _tree.flatten(inverse_sqrt)
             scaled = scale_columns(centered, flat_inverse_sqrt)

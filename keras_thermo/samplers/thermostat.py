@@ -152,22 +152,6 @@ class ThermostatSampler(Sampler):
         state, restarted = self.restart_after_warmup(state, params, context, mass)
         return state, mass, preconditioner, restarted
 
-    def covariance_correction_on(self, step: tf.Tensor) -> tf.Tensor:
-        """Whether the step whose state has counter `step` applies CCAdL's / mCCAdL's gradient-noise
-        correction (float32 1 or 0): always, except inside the automatic step size's window.
-
-        There the chain runs without it (SGNHT's dynamics: the thermostat absorbs the noise). The
-        correction damps the momentum along the noisiest directions, and a chain so damped
-        descends into regions several times sharper than SGNHT's from the same start (on real
-        Fashion-MNIST the largest curvature at the window's end was 6x SGNHT's), so the step
-        measured from that curvature came out several times shorter and the chain never caught
-        up. The window is not sampling: from its end on every step is the papers' update at the
-        frozen step size (whose noise bound is taken at the window's end), so the chain has the
-        papers' invariant distribution."""
-        if not self.is_auto_step_size:
-            return tf.constant(1.0)
-        return tf.cast(step >= self.adaptation_steps, tf.float32)
-
     def follow_friction(self, state: NamedTuple) -> NamedTuple:
         """The state with xi moved by the change of A since the last step, `xi += A_t - A_{t-1}`,
         and `friction = A_t` (the A of the step whose state has counter `state.step`).
