@@ -157,12 +157,10 @@ def choose_step_size(sampler, state, force_at, params, context, cross, *, step_s
     of the adaptation window (`measurement_steps(sampler.adaptation_steps)`), measures the
     largest curvature of `M^-1 H` at `params` on the step's minibatch (`force_at(theta)`: its
     force at `theta`), keeps the largest from the window's middle on, and assigns the step size
-    `sampler.auto_step_size` gives for it; at every other step leaves both as they are, but
-    inside the window and at its end lowers the step size to `sampler.step_size_cap` where that
-    is smaller (only at the end for a sampler with `caps_inside_window` False: CCAdL's noise
-    bound, whose correction starts there), so from the end of the window on the step size is
-    frozen. Run
-    before the sampler's update, which reads `step_size_variable`. Returns the curvature the step size comes from (float32).
+    `step_for_curvature` gives for it; at the window's end, where the step size freezes, lowers
+    it to `sampler.step_size_cap` where that is smaller (CCAdL's noise bound, whose friction
+    starts there). Run before the sampler's update, which reads `step_size_variable`. Returns
+    the curvature the step size comes from (float32).
 
     A step size the user gave (a float) is only measured against, at the same steps: the model
     warns when it is above `stability_bound` (`step_size_variable` None).
@@ -194,21 +192,17 @@ def choose_step_size(sampler, state, force_at, params, context, cross, *, step_s
     if step_size_variable is None:
         measured = tf.logical_and(measure, tf.logical_and(tf.math.is_finite(curvature), curvature > 0))
     else:
-        # Outside a branch: CCAdL's bound reads per-example statistics its update computes anyway.
-        step_size = tf.cast(sampler.auto_step_size(curvature, context, params, masses), tf.float32)
+        step_size = tf.cast(step_for_curvature(sampler, curvature), tf.float32)
         # A failed measurement (non-finite, e.g. a diverged force) keeps the last step size.
         measured = tf.logical_and(measure, tf.logical_and(tf.math.is_finite(step_size), step_size > 0))
         step_size = tf.where(measured, step_size, tf.convert_to_tensor(step_size_variable))
+        # Outside a branch: CCAdL's bound reads per-example statistics its update computes anyway.
         cap = sampler.step_size_cap(context, params, masses)
         for other_state, other_params, other_context in other_chains if cap is not None else ():
             cap = tf.minimum(cap, sampler.step_size_cap(other_context, other_params, sampler.masses(other_state.preconditioner)))
-        if cap is not None:  # between measurements inside the window the step only follows the cap down
+        if cap is not None:
             cap = tf.cast(cap, tf.float32)
-            # Through the window's end (the step it freezes); a sampler whose bound guards a
-            # correction it runs only after the window (CCAdL) is capped at its end alone.
-            inside = tf.less(state.step, window) if sampler.caps_inside_window else tf.constant(False)
-            in_force = tf.logical_or(inside, tf.equal(state.step, window))
-            capped = tf.logical_and(in_force, tf.logical_and(tf.math.is_finite(cap), cap > 0))
+            capped = tf.logical_and(tf.equal(state.step, window), tf.logical_and(tf.math.is_finite(cap), cap > 0))
             step_size = tf.where(capped, tf.minimum(step_size, cap), step_size)
         step_size_variable.assign(step_size)
     curvature = tf.where(measured, curvature, tf.convert_to_tensor(curvature_variable))

@@ -259,22 +259,11 @@ class Sampler:
     #: TACT-HMC's eta): sets how the automatic step size follows from the curvature.
     step_size_is_time = True
 
-    def auto_step_size(self, curvature, context: "StepContext", params, masses) -> tf.Tensor:
-        """The automatic step size for the largest curvature `lambda` of `M^-1 H` (float32):
-        `STABILITY_FRACTION / sqrt(lambda)`, or its square for a squared step size
-        (`keras_thermo.samplers.auto_step`). `context`, `params` and `masses` are the step's,
-        for a sampler whose measured step also depends on the step's own statistics."""
-        del context, params, masses
-        return auto_step.step_for_curvature(self, curvature)
-
-    #: Whether `step_size_cap` holds at every step of the adaptation window (True) or only at its
-    #: end, where the step size freezes (a bound on a part of the update that starts there).
-    caps_inside_window = True
-
     def step_size_cap(self, context: "StepContext", params, masses) -> tf.Tensor | None:
         """The largest automatic step size this step's own statistics allow, or None (no cap:
-        the samplers whose stability depends on the curvature alone). Applied at every step of
-        the adaptation window and at its end (`caps_inside_window`), or at its end only."""
+        the samplers whose stability depends on the curvature alone). Applied where the step size
+        freezes, at the adaptation window's end, as the smallest over every chain
+        (`auto_step.choose_step_size`)."""
         del context, params, masses
         return None
 

@@ -156,10 +156,6 @@ class CCAdL(ThermostatSampler):
             preconditioner=self.init_preconditioner(params), friction=friction,
         )
 
-    #: The noise bound guards the covariance friction, which starts at the window's end
-    #: (`covariance_friction_weight`): the step is capped there, on every chain's minibatch.
-    caps_inside_window = False
-
     def covariance_friction_weight(self, step: tf.Tensor) -> tf.Tensor:
         """1.0 where the step whose state has counter `step` applies the covariance friction
         `(h/2) beta Sigma p`, 0.0 inside the automatic step size's window (float32).
