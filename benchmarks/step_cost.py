@@ -214,7 +214,7 @@ class Network:
         if method == "ccadl_diag":
             return kt.samplers.CCAdL(h, friction, covariance="diag")
         if method == "mccadl":
-            return kt.samplers.MCCAdL(h, friction, expm=expm)
+            return kt.samplers.MCCAdL(h, friction, covariance="minibatch", expm=expm)
         raise ValueError(f"`method` must be one of {list(SAMPLER_METHODS)}, got {method!r}.")
 
     def c_step_tau(self, temperature: float = 1.0, mass: float = 1.0) -> float:
@@ -1053,7 +1053,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="passed to BayesianModel(per_example_method=...) when it has that argument; "
                              "default: BayesianModel's default")
     parser.add_argument("--expm", choices=("auto", "taylor", "gram"), default="auto",
-                        help="mCCAdL's C-step method (MCCAdL(expm=...)); default auto")
+                        help="mCCAdL's C-step method (MCCAdL(covariance='minibatch', expm=...): the paper's C step, which the 'mccadl' row times); default auto")
     parser.add_argument("--breakdown-calls", type=int, default=None,
                         help="timed calls per breakdown piece (default 20)")
     parser.add_argument("--memory", action="store_true",

@@ -51,7 +51,7 @@ def _sampler(name: str):
 
     if name == "sghmc":
         return kt.samplers.SGHMC(step_size=1e-2, friction=1.0)
-    return kt.samplers.MCCAdL(step_size=1e-2, friction=1.0, expm="taylor")
+    return kt.samplers.MCCAdL(step_size=1e-2, friction=1.0, covariance="minibatch", expm="taylor")
 
 
 def regression_dataset():

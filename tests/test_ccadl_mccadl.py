@@ -133,7 +133,7 @@ def _o_step(p, xi, h, a, temp, mass, noise):
 @pytest.mark.parametrize("step", [0, 4])
 def test_mccadl_one_step_matches_hand_computation(expm, code, step):
     h, a, temp, mass, mu = 0.02, 1.5, 2.0, 2.0, 5.0
-    sampler = MCCAdL(h, friction=a, thermal_mass=mu, mass=mass, expm=expm)
+    sampler = MCCAdL(h, friction=a, thermal_mass=mu, mass=mass, covariance="minibatch", expm=expm)
     state = sampler.init(_params(), temperature=temp, seed=SEED)._replace(step=tf.constant(step, tf.int64))
     new_params, new_state, logs = sampler.update(state, _params(), _force(), _context(temp))
 
@@ -239,7 +239,12 @@ def test_mccadl_covariance_must_be_minibatch_or_diag():
     with pytest.raises((TypeError, ValueError), match="covariance_window"):
         MCCAdL(1e-3, covariance="diag", covariance_window=0)
     with pytest.raises(ValueError, match="covariance_window applies only to covariance='diag'"):
-        MCCAdL(1e-3, covariance_window=50)
+        MCCAdL(1e-3, covariance="minibatch", covariance_window=50)
+    # The default is the moving average; the matrix exponential's method belongs to 'minibatch'.
+    assert MCCAdL(1e-3).covariance == "diag" and MCCAdL(1e-3, covariance_window=50).covariance_window == 50
+    with pytest.raises(ValueError, match="expm applies only to covariance='minibatch'.*expm='gram'"):
+        MCCAdL(1e-3, expm="gram")
+    assert MCCAdL(1e-3, covariance="minibatch", expm="gram").expm == "gram"
 
 
 def test_c_step_shrinks_noisy_directions_and_leaves_quiet_ones():
@@ -363,7 +368,7 @@ def test_fit_logs_diagnostics_and_saves_sampler_state(tmp_path):
     x, y = testing.linear_regression_data(64, 2, seed=0)
     for sampler, keys in [
         (CCAdL(1e-3, covariance="full"), {"xi", "noise_scale"}),
-        (MCCAdL(1e-3, expm="gram"), {"xi", "noise_scale", "expm_matvecs", "expm_method"}),
+        (MCCAdL(1e-3, covariance="minibatch", expm="gram"), {"xi", "noise_scale", "expm_matvecs", "expm_method"}),
         (MCCAdL(1e-3, covariance="diag", covariance_window=50), {"xi", "noise_scale", "expm_method"}),
     ]:
         net = testing.linear_regression_net(2)
@@ -434,8 +439,8 @@ def _mlp_fit(per_example_method, make_sampler, steps=12):
      # Default-suite time: the full covariance and the Gram C step run with `-m slow` (their
      # one-step hand computations above stay in the default suite).
      pytest.param(lambda: CCAdL(1e-3, covariance="full"), marks=pytest.mark.slow),
-     lambda: MCCAdL(1e-2, expm="taylor"),
-     pytest.param(lambda: MCCAdL(1e-2, expm="gram"), marks=pytest.mark.slow)],
+     lambda: MCCAdL(1e-2, covariance="minibatch", expm="taylor"),
+     pytest.param(lambda: MCCAdL(1e-2, covariance="minibatch", expm="gram"), marks=pytest.mark.slow)],
     ids=["ccadl-diag", "ccadl-full", "mccadl-taylor", "mccadl-gram"],
 )
 def test_dense_layer_statistics_give_the_same_chain_as_vectorized_rows(make_sampler):
@@ -513,7 +518,7 @@ def test_the_temperature_warning_names_the_averaged_covariance_for_mccadl_with_t
                           "configurational": {"mean": 0.8, "standard_error": 0.01, "in_band": False}},
               "variables": []}
     messages = {}
-    for label, sampler in [("minibatch", MCCAdL(1e-3)), ("diag", MCCAdL(1e-3, covariance="diag")),
+    for label, sampler in [("minibatch", MCCAdL(1e-3, covariance="minibatch")), ("diag", MCCAdL(1e-3)),
                            ("sgnht", SGNHT(1e-3))]:
         x, y = testing.linear_regression_data(32, 2, seed=0)
         model = kt.BayesianModel(testing.linear_regression_net(2), sampler, num_examples=32, temperature_check=False)

@@ -69,7 +69,7 @@ CONFIGS = {
                                                    sample_every=2), "regression"),
     "ccadl_diag": (lambda noise: kt.samplers.CCAdL(1e-2, friction=noise, covariance="diag"), "classification"),
     "ccadl_full": (lambda noise: kt.samplers.CCAdL(1e-2, friction=noise, covariance="full"), "regression"),
-    "mccadl": (lambda noise: kt.samplers.MCCAdL(1e-2, friction=noise, expm="auto"), "classification"),
+    "mccadl": (lambda noise: kt.samplers.MCCAdL(1e-2, friction=noise, covariance="minibatch", expm="auto"), "classification"),
 }
 COVARIANCE = ("ccadl_diag", "ccadl_full", "mccadl")
 # (config, per_example_method)

@@ -39,8 +39,8 @@ SAMPLER_CONFIGS = {
     "sgnht-symmetric": lambda: kt.samplers.SGNHT(3e-3, integrator="symmetric"),
     "ccadl-diag": lambda: kt.samplers.CCAdL(1e-3, covariance="diag"),
     "ccadl-full": lambda: kt.samplers.CCAdL(1e-3, covariance="full"),
-    "mccadl-taylor": lambda: kt.samplers.MCCAdL(3e-3, expm="taylor"),
-    "mccadl-gram": lambda: kt.samplers.MCCAdL(3e-3, expm="gram"),
+    "mccadl-taylor": lambda: kt.samplers.MCCAdL(3e-3, covariance="minibatch", expm="taylor"),
+    "mccadl-gram": lambda: kt.samplers.MCCAdL(3e-3, covariance="minibatch", expm="gram"),
     "tact-hmc": lambda: kt.samplers.TACTHMC(1e-3, sample_every=2, num_bins=10),
 }
 

@@ -61,9 +61,9 @@ def test_mccadl_under_a_second_strategy_matches_one_device():
 
     second = tf.distribute.MirroredStrategy(devices)
     with second.scope():
-        distributed = _model(kt.samplers.MCCAdL(3e-3, expm="taylor"))
+        distributed = _model(kt.samplers.MCCAdL(3e-3, covariance="minibatch", expm="taylor"))
     _fit(distributed, 60)  # all-gathers: failed with InternalError before the keys were isolated
-    single = _model(kt.samplers.MCCAdL(3e-3, expm="taylor"))
+    single = _model(kt.samplers.MCCAdL(3e-3, covariance="minibatch", expm="taylor"))
     _fit(single, 60)
 
     assert distributed.sampler_step == single.sampler_step == 60
@@ -107,7 +107,7 @@ _CLASH_SCRIPT = textwrap.dedent(
         earlier = t._model(kt.samplers.SGNHT(3e-3))
     t._fit(earlier, 20)
     with tf.distribute.MirroredStrategy(devices).scope():
-        later = t._model(kt.samplers.MCCAdL(3e-3, expm="taylor"))
+        later = t._model(kt.samplers.MCCAdL(3e-3, covariance="minibatch", expm="taylor"))
     try:
         t._fit(later, 5)
     except tf.errors.InternalError as error:

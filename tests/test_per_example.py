@@ -585,7 +585,8 @@ def test_the_force_from_the_engine_backward_pass_is_the_potential_gradient(kind)
 
 SAMPLERS = {
     "ccadl_diag": lambda: CCAdL(1e-3), "ccadl_full": lambda: CCAdL(1e-3, covariance="full"),
-    "mccadl_taylor": lambda: MCCAdL(1e-2, expm="taylor"), "mccadl_gram": lambda: MCCAdL(1e-2, expm="gram"),
+    "mccadl_taylor": lambda: MCCAdL(1e-2, covariance="minibatch", expm="taylor"),
+    "mccadl_gram": lambda: MCCAdL(1e-2, covariance="minibatch", expm="gram"),
 }
 
 

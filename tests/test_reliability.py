@@ -22,7 +22,7 @@ SAMPLER_CONFIGS = {
     "sgnht": lambda: kt.samplers.SGNHT(1e-2),
     "sgnht-symmetric": lambda: kt.samplers.SGNHT(1e-2, integrator="symmetric"),
     "ccadl-full": lambda: kt.samplers.CCAdL(1e-3, covariance="full"),
-    "mccadl": lambda: kt.samplers.MCCAdL(1e-3, expm="taylor"),
+    "mccadl": lambda: kt.samplers.MCCAdL(1e-3, covariance="minibatch", expm="taylor"),
     "tact-hmc": lambda: kt.samplers.TACTHMC(1e-4, sample_every=2, num_bins=10),
 }
 

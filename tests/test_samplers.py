@@ -190,7 +190,7 @@ def test_initial_momentum_is_maxwellian():
         kt.samplers.SGNHT(0.02, friction=0.5, thermal_mass=7.0, mass=2.0, integrator="symmetric"),
         kt.samplers.CCAdL(2e-3, friction=3.0, covariance="full", thermal_mass=9.0, mass=2.0, max_full_params=50),
         kt.samplers.CCAdL(keras.optimizers.schedules.ExponentialDecay(1e-3, 100, 0.9), covariance_window=500),
-        kt.samplers.MCCAdL(2e-3, friction=0.5, thermal_mass=4.0, mass=3.0, expm="taylor"),
+        kt.samplers.MCCAdL(2e-3, friction=0.5, thermal_mass=4.0, mass=3.0, covariance="minibatch", expm="taylor"),
     ],
     ids=["sgld", "sghmc", "sgnht", "ccadl", "ccadl-schedule", "mccadl"],
 )

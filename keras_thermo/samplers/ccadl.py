@@ -156,22 +156,6 @@ class CCAdL(ThermostatSampler):
             preconditioner=self.init_preconditioner(params), friction=friction,
         )
 
-    def covariance_friction_weight(self, step: tf.Tensor) -> tf.Tensor:
-        """1.0 where the step whose state has counter `step` applies the covariance friction
-        `(h/2) beta Sigma p`, 0.0 inside the automatic step size's window (float32).
-
-        Inside the window CCAdL runs as SGNHT does (the thermostat absorbs the gradient noise),
-        at the step the curvature gives. With the friction on there, its stability bound held the
-        step at 5-6e-5 through the window on real Fashion-MNIST (SGNHT's: 1.8e-4), the chain so
-        held settled where the largest curvature was 10x SGNHT's, and the step frozen from that
-        curvature stayed as short (`docs/real_data.md`). The window is not sampling: from its
-        end on every step is the paper's update at the frozen step, whose noise bound is taken
-        there (`step_size_cap`), so the chain has the paper's invariant distribution. With a
-        given step size the friction runs from the first step."""
-        if not self.is_auto_step_size:
-            return tf.constant(1.0)
-        return tf.cast(step >= self.adaptation_steps, tf.float32)
-
     def step_size_cap(self, context: StepContext, params, masses) -> tf.Tensor:
         """`NOISE_FRACTION` of the covariance friction's stability bound `2 / sqrt(beta
         lambda_Sigma)` on this minibatch, with `lambda_Sigma >= max_i Sigma_ii` from its

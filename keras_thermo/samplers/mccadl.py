@@ -5,8 +5,8 @@ step (the C step, DESIGN section 4),
 
     p <- exp(-h (h/2) beta Sigma) p,   Sigma = (N^2 / n) Gc^T Gc / (n - 1),
 
-with `Gc` the centered per-example gradients `[n, Nd]` of the current minibatch (no moving
-average). Writing `exp(-h (h/2) beta Sigma) = exp(-tau Gc^T Gc)` gives
+with `Gc` the centered per-example gradients `[n, Nd]` of the current minibatch in the paper's
+listing (`covariance="minibatch"`; the default is a moving average, below). Writing `exp(-h (h/2) beta Sigma) = exp(-tau Gc^T Gc)` gives
 
     tau = h * (h/2) * beta * N^2 / (n (n - 1)),
 
@@ -22,15 +22,23 @@ one kick `h F(theta_t)` (a half kick on the very first step), then A O D C D O A
 the C step is that of the minibatch whose force opened the step, as in the paper's listing, where
 the force closing one iteration (and its minibatch) is reused at the start of the next.
 
-`covariance="diag"` replaces that minibatch covariance by CCAdL's moving average of the
-per-coordinate variances `I_t` (`keras_thermo.samplers.covariance_average`), still integrated
-exactly, now elementwise: `p <- exp(-h (h/2) beta (N^2/n) I_t / M) p`. The minibatch's own
-covariance is large exactly when its kick is where a few examples carry most of the gradient
-noise, and the exact exponential responds to it far from linearly, so the positions are biased
-there (the covariance_average module doc). The average holds the step's own minibatch with
-weight `k_t` only (`1/t` from the restart after the warm-up, at most `1/W` with a window), so it
-is nearly independent of any one kick. It drops the off-diagonal covariance, as CCAdL's default
-does.
+`covariance="diag"`, the default, replaces that minibatch covariance by CCAdL's moving average
+of the per-coordinate variances `I_t` (`keras_thermo.samplers.covariance_average`), still
+integrated exactly, now elementwise: `p <- exp(-h (h/2) beta (N^2/n) I_t / M) p`. Two reasons
+the minibatch's own covariance fails on networks: it is large exactly when its kick is where a
+few examples carry most of the gradient noise, and the exact exponential responds to it far from
+linearly (the covariance_average module doc); and it has rank n - 1, so its whole trace sits in
+n - 1 directions, where `h^2 beta Sigma` is far above 1 at step sizes where the average's
+entries are not: the C step then stops the momentum there, but the kick has already moved theta
+through the half drift before it (B A O D C), so the positions heat along those directions. On
+real Fashion-MNIST the logits kernel's configurational temperature was 3.3 T with it (26.7 T at
+SGNHT's step size); with the average mCCAdL matches CCAdL (`docs/real_data.md`). The average holds
+the step's own minibatch with weight `k_t` only (`1/t` from the restart after the warm-up, at
+most `1/W` with a window), so it is nearly independent of any one kick. It drops the
+off-diagonal covariance, as CCAdL's default does.
+
+Under `step_size="auto"` no C step runs inside the adaptation window
+(`ThermostatSampler.covariance_friction_weight`, as CCAdL's friction).
 """
 
 from __future__ import annotations
@@ -165,11 +173,13 @@ def covariance_step(
 class MCCAdL(ThermostatSampler):
     """mCCAdL: CCAdL whose covariance friction is integrated exactly, in a symmetric splitting.
 
-    Compared with CCAdL it uses (by default, as the paper) the covariance of the current minibatch
-    (no moving average), the full covariance at the cost of products with the `[n, Nd]`
-    per-example gradients, and stays stable at step sizes where CCAdL's explicit friction blows
-    up; `covariance="diag"` gives its exact C step CCAdL's moving average instead (module doc).
-    The integrator is second order (BAODCDOAB), with one force evaluation per step.
+    Compared with CCAdL it integrates the covariance friction exactly, so it stays stable at
+    step sizes where CCAdL's explicit friction blows up, in a second-order splitting (BAODCDOAB)
+    with one force evaluation per step. By default (`covariance="diag"`) the C step uses CCAdL's
+    moving average of the per-coordinate gradient-noise variances; `covariance="minibatch"` is
+    the paper's listing, the full covariance of the current minibatch through the action of its
+    matrix exponential (products with the `[n, Nd]` per-example gradients). On networks the
+    minibatch covariance runs hot (module doc), so it is not the default.
 
     Args:
         step_size: h, a positive float, a `LearningRateSchedule`, or `"auto"` (the default:
@@ -178,17 +188,18 @@ class MCCAdL(ThermostatSampler):
             default) follows the step size, `A = 0.01 / h` (SGD momentum 0.99, `samplers.auto_step`).
         thermal_mass: mu > 0; default `Nd`, the number of trainable scalars.
         mass: Scalar mass M > 0.
-        expm: How the C step applies the matrix exponential: `"taylor"` (scaled Taylor series of
-            Al-Mohy & Higham, the paper's method), `"gram"` (exact to rounding, through the
-            smaller of the `n x n` and `Nd x Nd` Gram matrices, by Lanczos steps) or `"auto"`
-            (the cheaper of the two for each step).
+        expm: How the C step of `covariance="minibatch"` applies the matrix exponential:
+            `"taylor"` (scaled Taylor series of Al-Mohy & Higham, the paper's method), `"gram"`
+            (exact to rounding, through the smaller of the `n x n` and `Nd x Nd` Gram matrices,
+            by Lanczos steps) or `"auto"` (the default: the cheaper of the two for each step).
+            `"diag"` takes only `"auto"`: its exponential is elementwise.
         preconditioner: None, `"layerwise"` (exact after its warm-up), `"rmsprop"` (approximate)
             or a `preconditioning.Preconditioner`: the mass becomes `M diag(m)`.
         per_variable_thermostat: One xi per trainable tensor instead of the papers' one for the
             net (as `SGNHT`; `ThermostatSampler`); logged `xi` is then their mean.
-        covariance: `"minibatch"` (the paper's: the full covariance of the step's minibatch, by
-            `expm`) or `"diag"` (CCAdL's moving average of the per-coordinate variances,
-            integrated exactly and elementwise, so `expm` is not used; module doc).
+        covariance: `"diag"` (the default: CCAdL's moving average of the per-coordinate
+            variances, integrated exactly and elementwise) or `"minibatch"` (the paper's listing:
+            the full covariance of the step's minibatch, by `expm`; module doc).
         covariance_window: With `"diag"`: None averages with weights 1/t from the restart after
             the warm-up; W >= 1 gives `max(1/t, 1/W)`, as `CCAdL`.
         warmup_steps: W >= 0 (default 1000): the papers' update restarts at step W with `xi = A`
@@ -220,7 +231,7 @@ class MCCAdL(ThermostatSampler):
         preconditioner=None,
         warmup_steps: int = DEFAULT_WARMUP_STEPS,
         per_variable_thermostat: bool = False,
-        covariance: str = "minibatch",
+        covariance: str = "diag",
         covariance_window: int | None = None,
     ):
         super().__init__(
@@ -232,6 +243,10 @@ class MCCAdL(ThermostatSampler):
             raise ValueError("MCCAdL: covariance='full' is not an option: 'minibatch' (the default) already "
                              "uses the full covariance of the step's minibatch; 'diag' uses CCAdL's moving average.")
         self.covariance = check_choice("covariance", covariance, COVARIANCES)
+        if self.covariance == "diag" and self.expm != "auto":
+            raise ValueError(f"MCCAdL: expm applies only to covariance='minibatch' (the matrix exponential of the "
+                             f"minibatch covariance); covariance='diag' integrates elementwise. Got expm={expm!r} "
+                             f"with covariance='diag': pass covariance='minibatch' to choose the method.")
         if covariance_window is not None and self.covariance != "diag":
             raise ValueError(f"MCCAdL: covariance_window applies only to covariance='diag' (the moving average), "
                              f"got covariance_window={covariance_window!r} with covariance={self.covariance!r}.")
@@ -265,13 +280,14 @@ class MCCAdL(ThermostatSampler):
         rows = per_example.count
         state, mass, preconditioner, restarted = self.start_step(state, params, force, context)
         average = state.covariance
+        on = self.covariance_friction_weight(state.step)  # no C step inside the automatic step's window
         if self.covariance == "diag":
             weight = covariance_average.sampler_weight(self, state.step)
             average = covariance_average.diagonal_average(state.covariance, per_example, params, weight)
             # Sigma = (N^2/n) I_t / M per coordinate (M the scalar or diagonal mass): the exact flow
             # of dp = -(h/2) beta Sigma p dt over h is elementwise (derivation as below).
             inverse_mass = [1.0 / m for m in integrators.per_tensor(mass, len(params))]
-            rate = h * (0.5 * h) * beta * force_noise_scale(context)
+            rate = h * (0.5 * h) * beta * force_noise_scale(context) * on
 
             def c_step(momentum):
                 return [p * tf.exp(-rate * integrators.as_float32(v) * w)
@@ -284,7 +300,7 @@ class MCCAdL(ThermostatSampler):
             # The papers' Sigma is the force covariance over the mass, (N^2/n) Gc^T Gc / ((n-1) M),
             # so h (h/2) beta Sigma = tau Gc^T Gc with:
             sigma_scale = force_noise_scale(context) / self.mass
-            tau = h * (0.5 * h) * beta * sigma_scale / (rows - 1.0)
+            tau = h * (0.5 * h) * beta * sigma_scale / (rows - 1.0) * on
 
             def c_step(momentum):
                 momentum, matvecs, method_code = covariance_step(momentum, centered, tau, self.expm)
@@ -298,7 +314,7 @@ class MCCAdL(ThermostatSampler):
             # the exact flow of dq = -(h/2) beta Sigma q dt over h: q <- exp(-tau Gs^T Gs) q with
             # Gs = Gc M^-1/2 and the tau of a unit mass; p = M^1/2 q.
             sigma_scale = force_noise_scale(context)
-            tau = h * (0.5 * h) * beta * sigma_scale / (rows - 1.0)
+            tau = h * (0.5 * h) * beta * sigma_scale / (rows - 1.0) * on
             inverse_sqrt = [tf.broadcast_to(tf.math.rsqrt(m), p.shape) for m, p in zip(mass, params)]
             flat_inverse_sqrt = _tree.flatten(inverse_sqrt)
             scaled = scale_columns(centered, flat_inverse_sqrt)

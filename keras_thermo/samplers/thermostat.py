@@ -152,6 +152,23 @@ class ThermostatSampler(Sampler):
         state, restarted = self.restart_after_warmup(state, params, context, mass)
         return state, mass, preconditioner, restarted
 
+    def covariance_friction_weight(self, step: tf.Tensor) -> tf.Tensor:
+        """1.0 where the step whose state has counter `step` applies the gradient-noise
+        correction (CCAdL's covariance friction `(h/2) beta Sigma p`, mCCAdL's C step), 0.0
+        inside the automatic step size's window (float32); 1.0 at every step with a given step
+        size.
+
+        Inside the window the chain runs as SGNHT does (the thermostat absorbs the gradient
+        noise), at the step the curvature gives. A correction running there damps the momentum
+        along the noisiest directions, and on real Fashion-MNIST the chain so damped settled
+        where the largest curvature was 10-20x SGNHT's, so the step frozen from that curvature
+        came out a fifth to a third of SGNHT's (`docs/real_data.md`). The window is not
+        sampling: from its end on every step is the paper's update at the frozen step, so the
+        chain has the paper's invariant distribution."""
+        if not self.is_auto_step_size:
+            return tf.constant(1.0)
+        return tf.cast(step >= self.adaptation_steps, tf.float32)
+
     def follow_friction(self, state: NamedTuple) -> NamedTuple:
         """The state with xi moved by the change of A since the last step, `xi += A_t - A_{t-1}`,
         and `friction = A_t` (the A of the step whose state has counter `state.step`).
