@@ -31,7 +31,7 @@ SAMPLERS = {
     "sghmc": dict(step_size=1e-2, friction=1.0),
     "sgnht": dict(step_size=1e-2, friction=1.0),
     "ccadl": dict(step_size=1e-2, friction=1.0),
-    "mccadl": dict(step_size=1e-2, friction=1.0),
+    "mccadl": dict(step_size=1e-2, friction=1.0, covariance="minibatch"),  # the paper's C step, as stored
     "tact_hmc": dict(step_size=1e-2),
 }
 STEPS = 12

@@ -11,8 +11,8 @@ in that direction and less in every softer one. SGLD's `eps` and TACT-HMC's `eta
 step sizes (`h^2 / M`), so theirs is `STABILITY_FRACTION^2 / lambda`. CCAdL's explicit
 covariance friction adds its own bound, `h < 2 / sqrt(beta lambda_Sigma)`: its step is also at
 most `NOISE_FRACTION` of that (`CCAdL.step_size_cap`), taken on every chain's minibatch where the
-step freezes, at the window's end. Inside the window CCAdL runs without that friction
-(`CCAdL.covariance_friction_weight`, which says why).
+step freezes, at the window's end. Inside the window CCAdL runs without that friction and mCCAdL
+without its C step (`ThermostatSampler.covariance_friction_weight`, which says why).
 
 `lambda` is measured by power iteration with Hessian-vector products from finite differences of
 the force (`largest_curvature`; the fused cross-entropy of TensorFlow has no second derivative,
