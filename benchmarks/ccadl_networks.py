@@ -74,7 +74,7 @@ def problem(name: str, seed: int = 0):
 SAMPLERS = {
     "sgnht": lambda h, w: kt.samplers.SGNHT(step_size=h, friction=1.0, warmup_steps=w),
     "ccadl": lambda h, w: kt.samplers.CCAdL(step_size=h, friction=1.0, warmup_steps=w),
-    "mccadl": lambda h, w: kt.samplers.MCCAdL(step_size=h, friction=1.0, warmup_steps=w),
+    "mccadl": lambda h, w: kt.samplers.MCCAdL(step_size=h, friction=1.0, warmup_steps=w, covariance="minibatch"),
 }
 
 

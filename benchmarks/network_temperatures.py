@@ -43,7 +43,7 @@ SAMPLERS = {
     "sgnht": lambda: kt.samplers.SGNHT(step_size=2e-3, friction=1.0),
     "sgnht-symmetric": lambda: kt.samplers.SGNHT(step_size=2e-3, friction=1.0, integrator="symmetric"),
     "ccadl": lambda: kt.samplers.CCAdL(step_size=2e-3, friction=1.0),
-    "mccadl": lambda: kt.samplers.MCCAdL(step_size=2e-3, friction=1.0),
+    "mccadl": lambda: kt.samplers.MCCAdL(step_size=2e-3, friction=1.0, covariance="minibatch"),  # the paper's C step
     # eta = h^2 and c = A h with h = 2e-3, A = 1 (the units of tact_hmc.py).
     "tact_hmc": lambda: kt.samplers.TACTHMC(step_size=4e-6, xi_step_size=1e-7, noise=2e-3, sample_every=10),
     # A deliberately wrong run for the check to flag: no noise correction, large step.

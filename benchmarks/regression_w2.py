@@ -33,6 +33,7 @@ Writes `results.json` (W2 curves, final W2, blow-up pass, largest stable step pe
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -60,7 +61,7 @@ def make_sampler(method: str, step_size: float, friction: float, options: dict) 
         "sghmc": kt.samplers.SGHMC,
         "sgnht": kt.samplers.SGNHT,
         "ccadl": CCAdL,
-        "mccadl": MCCAdL,
+        "mccadl": functools.partial(MCCAdL, covariance="minibatch"),  # the paper's C step (its experiment)
     }
     if method not in constructors:
         raise ValueError(f"`method` must be one of {list(constructors)}, got {method!r}.")
