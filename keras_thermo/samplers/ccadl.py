@@ -144,7 +144,7 @@ class CCAdL(ThermostatSampler):
                     f"CCAdL(covariance='full') keeps an [Nd, Nd] covariance matrix, but the model "
                     f"has Nd = {num_params} trainable scalars, above max_full_params = "
                     f"{self.max_full_params}. Use covariance='diag' (per-coordinate variances), "
-                    "MCCAdL (never forms the matrix), or raise max_full_params if "
+                    "MCCAdL(covariance='minibatch') (the full covariance of each minibatch, never formed), or raise max_full_params if "
                     f"{num_params}x{num_params} floats fit in memory."
                 )
             average = tf.zeros([num_params, num_params], integrators.THERMOSTAT_DTYPE)

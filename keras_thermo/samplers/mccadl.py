@@ -32,7 +32,7 @@ n - 1 directions, where `h^2 beta Sigma` is far above 1 at step sizes where the 
 entries are not: the C step then stops the momentum there, but the kick has already moved theta
 through the half drift before it (B A O D C), so the positions heat along those directions. On
 real Fashion-MNIST the logits kernel's configurational temperature was 3.3 T with it (26.7 T at
-SGNHT's step size); with the average mCCAdL matches CCAdL (`docs/real_data.md`). The average holds
+a step of 1.95e-4, near SGNHT's); with the average mCCAdL matches CCAdL (`docs/real_data.md`). The average holds
 the step's own minibatch with weight `k_t` only (`1/t` from the restart after the warm-up, at
 most `1/W` with a window), so it is nearly independent of any one kick. It drops the
 off-diagonal covariance, as CCAdL's default does.
@@ -240,7 +240,7 @@ class MCCAdL(ThermostatSampler):
         )
         self.expm = check_choice("expm", expm, kt_linalg.dispatch.METHODS)
         if covariance == "full":
-            raise ValueError("MCCAdL: covariance='full' is not an option: 'minibatch' (the default) already "
+            raise ValueError("MCCAdL: covariance='full' is not an option: 'minibatch' (the paper's listing) already "
                              "uses the full covariance of the step's minibatch; 'diag' uses CCAdL's moving average.")
         self.covariance = check_choice("covariance", covariance, COVARIANCES)
         if self.covariance == "diag" and self.expm != "auto":
@@ -352,3 +352,12 @@ class MCCAdL(ThermostatSampler):
     def get_config(self):
         return {**super().get_config(), "expm": self.expm, "covariance": self.covariance,
                 "covariance_window": self.covariance_window}
+
+    @classmethod
+    def from_config(cls, config):
+        # `get_config` has always written `expm`; one with `expm` but no `covariance` was saved
+        # before that argument existed, when every mCCAdL ran the minibatch C step, and loads as
+        # what it ran rather than as today's default.
+        if "expm" in config and "covariance" not in config:
+            config = {**config, "covariance": "minibatch"}
+        return super().from_config(config)

@@ -161,10 +161,10 @@ class ThermostatSampler(Sampler):
         Inside the window the chain runs as SGNHT does (the thermostat absorbs the gradient
         noise), at the step the curvature gives. A correction running there damps the momentum
         along the noisiest directions, and on real Fashion-MNIST the chain so damped settled
-        where the largest curvature was 10-20x SGNHT's, so the step frozen from that curvature
+        where the largest curvature was 10-22x SGNHT's, so the step frozen from that curvature
         came out a fifth to a third of SGNHT's (`docs/real_data.md`). The window is not
-        sampling: from its end on every step is the paper's update at the frozen step, so the
-        chain has the paper's invariant distribution."""
+        sampling: from its end on every step is the sampler's own update at the frozen step, so
+        the chain has that update's invariant distribution."""
         if not self.is_auto_step_size:
             return tf.constant(1.0)
         return tf.cast(step >= self.adaptation_steps, tf.float32)
