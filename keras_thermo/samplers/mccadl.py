@@ -280,7 +280,10 @@ class MCCAdL(ThermostatSampler):
         rows = per_example.count
         state, mass, preconditioner, restarted = self.start_step(state, params, force, context)
         average = state.covariance
-        on = self.covariance_friction_weight(state.step)  # no C step inside the automatic step's window
+        # No C step inside the automatic step's window: tau = 0 makes the exponential the identity
+        # (the minibatch C step still runs, and logs, its products there: it is not branched on,
+        # since its factor's cross-replica gather must run at every step).
+        on = self.covariance_friction_weight(state.step)
         if self.covariance == "diag":
             weight = covariance_average.sampler_weight(self, state.step)
             average = covariance_average.diagonal_average(state.covariance, per_example, params, weight)
