@@ -213,7 +213,12 @@ def _ccadl_without_window(**kwargs):
     return kt.samplers.CCAdL(warmup_steps=0, **kwargs)
 
 
-@pytest.mark.parametrize("make_sampler", [kt.samplers.SGHMC, kt.samplers.SGNHT, _ccadl_without_window, kt.samplers.MCCAdL],
+def _mccadl_without_window(**kwargs):
+    """mCCAdL with `warmup_steps=0`: its C step then runs from the first step, as for CCAdL."""
+    return kt.samplers.MCCAdL(warmup_steps=0, **kwargs)
+
+
+@pytest.mark.parametrize("make_sampler", [kt.samplers.SGHMC, kt.samplers.SGNHT, _ccadl_without_window, _mccadl_without_window],
                          ids=["SGHMC", "SGNHT", "CCAdL", "MCCAdL"])
 def test_a_given_friction_keeps_its_value_under_the_automatic_step_size(make_sampler):
     """`friction=2.0` with the default `step_size="auto"` runs (the thermostat starts at the

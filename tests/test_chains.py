@@ -160,7 +160,11 @@ def test_every_sampler_runs_several_chains(name):
     history = model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[collector])
     assert model.sampler_step == N // 8
     assert collector.samples.shape[0] == C and collector.samples.shape[2] == model.num_params
-    assert all(np.isfinite(v[-1]) for v in history.history.values())
+    # The temperature check's verdict and means are NaN while it has too few blocks (one short
+    # epoch here): "undetermined", not a failed step.
+    undetermined = {"equilibrated", "mean_kinetic_temperature", "mean_configurational_temperature"}
+    assert np.isnan(history.history["equilibrated"][-1])
+    assert all(np.isfinite(v[-1]) for k, v in history.history.items() if k not in undetermined)
 
 
 # --- logs ------------------------------------------------------------------------------------------
