@@ -74,7 +74,10 @@ def problem(name: str, seed: int = 0):
 SAMPLERS = {
     "sgnht": lambda h, w: kt.samplers.SGNHT(step_size=h, friction=1.0, warmup_steps=w),
     "ccadl": lambda h, w: kt.samplers.CCAdL(step_size=h, friction=1.0, warmup_steps=w),
+    # `mccadl` is the paper's minibatch C step, as in the committed results; `mccadl-diag` the
+    # library's default covariance (CCAdL's moving average, integrated exactly).
     "mccadl": lambda h, w: kt.samplers.MCCAdL(step_size=h, friction=1.0, warmup_steps=w, covariance="minibatch"),
+    "mccadl-diag": lambda h, w: kt.samplers.MCCAdL(step_size=h, friction=1.0, warmup_steps=w, covariance="diag"),
 }
 
 
