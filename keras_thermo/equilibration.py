@@ -166,6 +166,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
             burn_in_steps = check_int("burn_in_steps", burn_in_steps, low=0)
         self.burn_in_steps = burn_in_steps
         self._sampler_hint = ""
+        self._corrects_noise = self._per_variable_thermostat = False
         self.block_steps = check_int("block_steps", block_steps, low=1)
         self.min_blocks = check_int("min_blocks", min_blocks, low=2)
         self.confidence = check_number("confidence", confidence, low=0.0, high=1.0, high_inclusive=False)
@@ -223,6 +224,9 @@ class EquilibrationCheck(keras.callbacks.Callback):
         # A sampler's own advice for a run off T (`MCCAdL.not_at_temperature_hint`), if it has one.
         hint = getattr(model.sampler, "not_at_temperature_hint", "")
         self._sampler_hint = f"{hint} " if hint else ""
+        # Advice that names what the run already uses is left out of the warning.
+        self._corrects_noise = bool(getattr(model.sampler, "needs_per_example_gradients", False))
+        self._per_variable_thermostat = bool(getattr(model.sampler, "per_variable_thermostat", False))
         return self.recorder
 
     def link(self, callback) -> None:
@@ -441,10 +445,12 @@ class EquilibrationCheck(keras.callbacks.Callback):
         return (
             "The run is not sampling at its temperature: its samples do not follow the posterior "
             f"it was asked for. After step {report['equilibration_step']} ({report['num_blocks']} "
-            f"blocks of {self.block_steps} steps): " + "; ".join(lines) + ". " + cause(report) + " The "
-            "papers' single thermostat (SGNHT, CCAdL, mCCAdL) holds the whole net's kinetic "
-            "temperature, not each layer's: per_variable_thermostat=True gives each trainable tensor its own. "
-            + self._sampler_hint +
+            f"blocks of {self.block_steps} steps): " + "; ".join(lines) + ". "
+            + cause(report, corrects_noise=self._corrects_noise)
+            + ("" if self._per_variable_thermostat else
+               " The papers' single thermostat (SGNHT, CCAdL, mCCAdL) holds the whole net's kinetic "
+               "temperature, not each layer's: per_variable_thermostat=True gives each trainable tensor its own.")
+            + " " + self._sampler_hint +
             "(keras_thermo.equilibration.EquilibrationCheck; BayesianModel(temperature_check=False) "
             "turns the default check off.)"
         )
@@ -478,11 +484,13 @@ def furthest_miss(report: dict[str, Any]) -> tuple[str, str, dict[str, Any]] | N
     return max(misses(report), key=lambda miss: abs(miss[2]["mean"] - report["temperature"]), default=None)
 
 
-def cause(report: dict[str, Any]) -> str:
+def cause(report: dict[str, Any], *, corrects_noise: bool = False) -> str:
     """Why a run that `report` finds out of band is off T, from the comparison furthest out of
     band (the whole net's or one variable's; without one, the whole net's configurational
     temperature): cold (still descending, or a thermostat holding the start's energy) or hot (a
-    step too long for the curvature or the gradient noise), and what to change."""
+    step too long for the curvature or the gradient noise), and what to change.
+    `corrects_noise`: the run's sampler already removes the gradient noise's heat (CCAdL,
+    mCCAdL), so the advice for a hot run does not suggest one."""
     temperature = report["temperature"]
     miss = furthest_miss(report)
     if miss is None:
@@ -497,6 +505,12 @@ def cause(report: dict[str, Any]) -> str:
             f"The chain runs cold{where}: it is still descending from its start, or a thermostat "
             "soaked up the start's energy and has not given it back. Run longer, or give the "
             "sampler a longer warm-up (warmup_steps)."
+        )
+    if corrects_noise:
+        return (
+            f"The chain runs hot{where}, a sign that the step is too long for the curvature or the "
+            "gradient noise: this sampler already removes the noise's heat from the momentum, so "
+            "reduce step_size (or increase friction)."
         )
     return (
         f"The chain runs hot{where}, a sign that the step is too long for the curvature or the "

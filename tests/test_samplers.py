@@ -214,6 +214,12 @@ def test_an_mccadl_config_saved_before_the_covariance_argument_loads_as_the_mini
     assert kt.samplers.MCCAdL.from_config({"step_size": 1e-3}).covariance == "diag"
 
 
+def test_get_takes_a_config_dict_with_the_plain_class_name():
+    sampler = kt.samplers.get({"class_name": "MCCAdL", "config": {"step_size": 1e-3, "covariance": "minibatch"}})
+    assert isinstance(sampler, kt.samplers.MCCAdL) and sampler.covariance == "minibatch"
+    assert isinstance(kt.samplers.get({"class_name": "SGNHT", "config": {}}), kt.samplers.SGNHT)
+
+
 def test_get_by_name():
     sampler = kt.samplers.get("sgnht", step_size=0.01, integrator="symmetric")
     assert isinstance(sampler, kt.samplers.SGNHT) and sampler.integrator == "symmetric"

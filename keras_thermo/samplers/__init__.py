@@ -60,6 +60,11 @@ def _resolve(value, kwargs: dict, *, argument: str) -> Sampler:
             )
         return value
     if isinstance(value, dict):
+        class_name = value.get("class_name")
+        library_classes = {cls.__name__ for cls in _REGISTRY.values() if cls.__module__.startswith("keras_thermo.")}
+        if isinstance(class_name, str) and class_name in library_classes:
+            # Keras registers them as "keras_thermo>Name"; the plain name is what users write.
+            value = {**value, "class_name": f"keras_thermo>{class_name}"}
         sampler = keras.saving.deserialize_keras_object(value)
         if not isinstance(sampler, Sampler):
             raise TypeError(
