@@ -512,16 +512,17 @@ def test_ccadl_divergence_error_names_a_step_size_that_works():
 
 
 
-def test_the_temperature_warning_names_the_averaged_covariance_for_mccadl_with_the_minibatch_one_only():
+def _failure_messages(samplers: dict, configurational: float) -> dict:
+    """The temperature check's warning text for a run of each sampler whose whole net reads
+    `configurational` (kinetic at T), by label."""
     from keras_thermo.equilibration import EquilibrationCheck
 
     report = {"temperature": 1.0, "equilibration_step": 100, "num_blocks": 10,
               "overall": {"kinetic": {"mean": 1.0, "standard_error": 0.01, "in_band": True},
-                          "configurational": {"mean": 0.8, "standard_error": 0.01, "in_band": False}},
+                          "configurational": {"mean": configurational, "standard_error": 0.01, "in_band": False}},
               "variables": []}
     messages = {}
-    for label, sampler in [("minibatch", MCCAdL(1e-3, covariance="minibatch")), ("diag", MCCAdL(1e-3)),
-                           ("sgnht", SGNHT(1e-3))]:
+    for label, sampler in samplers.items():
         x, y = testing.linear_regression_data(32, 2, seed=0)
         model = kt.BayesianModel(testing.linear_regression_net(2), sampler, num_examples=32, temperature_check=False)
         model.compile(loss="mse")
@@ -529,27 +530,19 @@ def test_the_temperature_warning_names_the_averaged_covariance_for_mccadl_with_t
         check = EquilibrationCheck(warn=False)
         check.attach(model)
         messages[label] = check._describe_failures(report)
+    return messages
+
+
+def test_the_temperature_warning_names_the_averaged_covariance_for_mccadl_with_the_minibatch_one_only():
+    messages = _failure_messages({"minibatch": MCCAdL(1e-3, covariance="minibatch"), "diag": MCCAdL(1e-3),
+                                  "sgnht": SGNHT(1e-3)}, configurational=0.8)
     assert "MCCAdL(covariance='diag')" in messages["minibatch"]
     assert "MCCAdL(covariance='diag')" not in messages["diag"] and "MCCAdL(covariance='diag')" not in messages["sgnht"]
 
 
 def test_the_warning_does_not_advise_what_the_run_already_uses():
-    from keras_thermo.equilibration import EquilibrationCheck
-
-    hot = {"temperature": 1.0, "equilibration_step": 100, "num_blocks": 10,
-           "overall": {"kinetic": {"mean": 1.0, "standard_error": 0.01, "in_band": True},
-                       "configurational": {"mean": 1.2, "standard_error": 0.01, "in_band": False}},
-           "variables": []}
-    messages = {}
-    for label, sampler in [("sgnht", SGNHT(1e-3)), ("mccadl", MCCAdL(1e-3)),
-                           ("mccadl_per_tensor", MCCAdL(1e-3, per_variable_thermostat=True))]:
-        x, y = testing.linear_regression_data(32, 2, seed=0)
-        model = kt.BayesianModel(testing.linear_regression_net(2), sampler, num_examples=32, temperature_check=False)
-        model.compile(loss="mse")
-        model.fit(x, y, batch_size=32, epochs=1, verbose=0)
-        check = EquilibrationCheck(warn=False)
-        check.attach(model)
-        messages[label] = check._describe_failures(hot)
+    messages = _failure_messages({"sgnht": SGNHT(1e-3), "mccadl": MCCAdL(1e-3),
+                                  "mccadl_per_tensor": MCCAdL(1e-3, per_variable_thermostat=True)}, configurational=1.2)
     suggests_noise_samplers = "use a sampler that corrects for gradient noise (CCAdL, mCCAdL)"
     assert suggests_noise_samplers in messages["sgnht"] and "per_variable_thermostat=True gives" in messages["sgnht"]
     assert suggests_noise_samplers not in messages["mccadl"] and "reduce step_size" in messages["mccadl"]
