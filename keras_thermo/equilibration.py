@@ -429,6 +429,9 @@ class EquilibrationCheck(keras.callbacks.Callback):
             "num_blocks": num_blocks,
             "num_blocks_without_steps_at_t": int(np.count_nonzero(countable == 0)),
             "temperature": temperature,
+            # Whether the sampler removes the gradient noise's heat itself (CCAdL, mCCAdL): `cause`
+            # then does not advise one.
+            "sampler_corrects_noise": self._corrects_noise,
             "overall": entry(0),
             "variables": [
                 {"name": name, "size": int(size), **entry(i + 1)}
@@ -484,13 +487,15 @@ def furthest_miss(report: dict[str, Any]) -> tuple[str, str, dict[str, Any]] | N
     return max(misses(report), key=lambda miss: abs(miss[2]["mean"] - report["temperature"]), default=None)
 
 
-def cause(report: dict[str, Any], *, corrects_noise: bool = False) -> str:
+def cause(report: dict[str, Any], *, corrects_noise: bool | None = None) -> str:
     """Why a run that `report` finds out of band is off T, from the comparison furthest out of
     band (the whole net's or one variable's; without one, the whole net's configurational
     temperature): cold (still descending, or a thermostat holding the start's energy) or hot (a
     step too long for the curvature or the gradient noise), and what to change.
     `corrects_noise`: the run's sampler already removes the gradient noise's heat (CCAdL,
-    mCCAdL), so the advice for a hot run does not suggest one."""
+    mCCAdL), so the advice for a hot run does not suggest one (None: as the report says)."""
+    if corrects_noise is None:
+        corrects_noise = bool(report.get("sampler_corrects_noise", False))
     temperature = report["temperature"]
     miss = furthest_miss(report)
     if miss is None:

@@ -16,6 +16,7 @@ import scipy.linalg
 import tensorflow as tf
 
 import keras_thermo as kt
+from keras_thermo import equilibration
 from keras_thermo import linalg as kt_linalg
 from keras_thermo import random as kt_random
 from keras_thermo import testing
@@ -548,6 +549,13 @@ def test_the_warning_does_not_advise_what_the_run_already_uses():
     assert suggests_noise_samplers not in messages["mccadl"] and "reduce step_size" in messages["mccadl"]
     assert "per_variable_thermostat=True gives" in messages["mccadl"]
     assert "per_variable_thermostat=True gives" not in messages["mccadl_per_tensor"]
+    # The one-line summary of a report (the demo's lines) reads the same from the report itself.
+    hot = {"temperature": 1.0, "equilibrated": False, "equilibration_step": 100, "num_blocks": 10,
+           "overall": {"kinetic": {"mean": 1.0, "standard_error": 0.01, "in_band": True},
+                       "configurational": {"mean": 1.2, "standard_error": 0.01, "in_band": False}},
+           "variables": []}
+    assert suggests_noise_samplers in equilibration.summary(hot)
+    assert suggests_noise_samplers not in equilibration.summary({**hot, "sampler_corrects_noise": True})
 
 
 def test_mccadl_averaged_covariance_with_keras_fit_arguments_and_chains():
