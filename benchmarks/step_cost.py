@@ -1053,7 +1053,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="passed to BayesianModel(per_example_method=...) when it has that argument; "
                              "default: BayesianModel's default")
     parser.add_argument("--expm", choices=("auto", "taylor", "gram"), default="auto",
-                        help="mCCAdL's C-step method (MCCAdL(covariance='minibatch', expm=...): the paper's C step, which the 'mccadl' row times); default auto")
+                        help="mCCAdL's C-step method (MCCAdL(covariance='minibatch', expm=...): the paper's "
+                             "C step, which the 'mccadl' row times); default auto")
     parser.add_argument("--breakdown-calls", type=int, default=None,
                         help="timed calls per breakdown piece (default 20)")
     parser.add_argument("--memory", action="store_true",

@@ -7,6 +7,7 @@ them all. The largest curvature there is known in closed form, so the measuremen
 exactly; the chains are checked against the exact posterior within their Monte Carlo error.
 """
 
+import functools
 import warnings
 
 import keras
@@ -207,18 +208,14 @@ def test_a_given_step_size_above_the_stability_bound_warns_and_names_the_automat
     assert steps[-1][1] == pytest.approx(lam, rel=1e-2)  # measured, and logged, for a given step size too
 
 
-def _ccadl_without_window(**kwargs):
-    """CCAdL with `warmup_steps=0`: its covariance friction then runs from the first step under
-    the automatic step size too, as it does under a given one."""
-    return kt.samplers.CCAdL(warmup_steps=0, **kwargs)
+def _without_window(sampler_class):
+    """CCAdL or mCCAdL with `warmup_steps=0`: its noise correction (friction or C step) then runs
+    from the first step under the automatic step size too, as it does under a given one."""
+    return functools.partial(sampler_class, warmup_steps=0)
 
 
-def _mccadl_without_window(**kwargs):
-    """mCCAdL with `warmup_steps=0`: its C step then runs from the first step, as for CCAdL."""
-    return kt.samplers.MCCAdL(warmup_steps=0, **kwargs)
-
-
-@pytest.mark.parametrize("make_sampler", [kt.samplers.SGHMC, kt.samplers.SGNHT, _ccadl_without_window, _mccadl_without_window],
+@pytest.mark.parametrize("make_sampler", [kt.samplers.SGHMC, kt.samplers.SGNHT, _without_window(kt.samplers.CCAdL),
+                                          _without_window(kt.samplers.MCCAdL)],
                          ids=["SGHMC", "SGNHT", "CCAdL", "MCCAdL"])
 def test_a_given_friction_keeps_its_value_under_the_automatic_step_size(make_sampler):
     """`friction=2.0` with the default `step_size="auto"` runs (the thermostat starts at the

@@ -41,6 +41,7 @@ SAMPLER_CONFIGS = {
     "ccadl-full": lambda: kt.samplers.CCAdL(1e-3, covariance="full"),
     "mccadl-taylor": lambda: kt.samplers.MCCAdL(3e-3, covariance="minibatch", expm="taylor"),
     "mccadl-gram": lambda: kt.samplers.MCCAdL(3e-3, covariance="minibatch", expm="gram"),
+    "mccadl-diag": lambda: kt.samplers.MCCAdL(3e-3),  # the default, the moving average
     "tact-hmc": lambda: kt.samplers.TACTHMC(1e-3, sample_every=2, num_bins=10),
 }
 

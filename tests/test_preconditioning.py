@@ -189,7 +189,8 @@ def _o_step(p, xi, h, a, temp, m, noise):
 @pytest.mark.parametrize("expm", ["taylor", "gram"])
 def test_mccadl_one_step(expm):
     h, a, temp, mass, mu = 0.02, 1.5, 2.0, 2.0, 5.0
-    sampler = kt.samplers.MCCAdL(h, friction=a, thermal_mass=mu, mass=mass, covariance="minibatch", expm=expm, preconditioner=_layerwise())
+    sampler = kt.samplers.MCCAdL(h, friction=a, thermal_mass=mu, mass=mass, covariance="minibatch", expm=expm,
+                                 preconditioner=_layerwise())
     state = _frozen_state(sampler, temp)
     new_params, new_state, logs = sampler.update(state, _params(), _force(), _context(temp))
     m = _mass_vector(mass)

@@ -144,8 +144,8 @@ class CCAdL(ThermostatSampler):
                     f"CCAdL(covariance='full') keeps an [Nd, Nd] covariance matrix, but the model "
                     f"has Nd = {num_params} trainable scalars, above max_full_params = "
                     f"{self.max_full_params}. Use covariance='diag' (per-coordinate variances), "
-                    "MCCAdL(covariance='minibatch') (the full covariance of each minibatch, never formed), or raise max_full_params if "
-                    f"{num_params}x{num_params} floats fit in memory."
+                    "MCCAdL(covariance='minibatch') (each minibatch's full covariance, never formed), "
+                    f"or raise max_full_params if {num_params}x{num_params} floats fit in memory."
                 )
             average = tf.zeros([num_params, num_params], integrators.THERMOSTAT_DTYPE)
         else:

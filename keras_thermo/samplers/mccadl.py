@@ -6,7 +6,8 @@ step (the C step, DESIGN section 4),
     p <- exp(-h (h/2) beta Sigma) p,   Sigma = (N^2 / n) Gc^T Gc / (n - 1),
 
 with `Gc` the centered per-example gradients `[n, Nd]` of the current minibatch in the paper's
-listing (`covariance="minibatch"`; the default is a moving average, below). Writing `exp(-h (h/2) beta Sigma) = exp(-tau Gc^T Gc)` gives
+listing (`covariance="minibatch"`; the default is a moving average, below). Writing
+`exp(-h (h/2) beta Sigma) = exp(-tau Gc^T Gc)` gives
 
     tau = h * (h/2) * beta * N^2 / (n (n - 1)),
 
@@ -32,10 +33,10 @@ n - 1 directions, where `h^2 beta Sigma` is far above 1 at step sizes where the 
 entries are not: the C step then stops the momentum there, but the kick has already moved theta
 through the half drift before it (B A O D C), so the positions heat along those directions. On
 real Fashion-MNIST the logits kernel's configurational temperature was 3.3 T with it (26.7 T at
-a step of 1.95e-4, near SGNHT's); with the average mCCAdL matches CCAdL (`docs/real_data.md`). The average holds
-the step's own minibatch with weight `k_t` only (`1/t` from the restart after the warm-up, at
-most `1/W` with a window), so it is nearly independent of any one kick. It drops the
-off-diagonal covariance, as CCAdL's default does.
+a step of 1.95e-4, near SGNHT's); with the average mCCAdL matches CCAdL (`docs/real_data.md`).
+The average holds the step's own minibatch with weight `k_t` only (`1/t` from the restart after
+the warm-up, at most `1/W` with a window), so it is nearly independent of any one kick. It drops
+the off-diagonal covariance, as CCAdL's default does.
 
 Under `step_size="auto"` no C step runs inside the adaptation window
 (`ThermostatSampler.covariance_friction_weight`, as CCAdL's friction).
