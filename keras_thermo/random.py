@@ -1,13 +1,13 @@
 """Step-keyed Gaussian noise.
 
-Every random draw is a pure function of (seed, step, stream), drawn with TensorFlow's stateless
-generators. The only random state is therefore the seed (in the model config) and the step
+Every random draw is a pure function of (seed, step, stream) and of the shapes drawn for in the
+same call, drawn with TensorFlow's stateless generators. The only random state is therefore the seed (in the model config) and the step
 counter (a model variable): a resumed run continues the exact noise sequence, and replicas that
 share the step draw identical noise.
 
 Normals come from one Philox uniform draw per call turned into normals by Box-Muller
 (`normal_like`): on a CPU about half the cost of TensorFlow's own normal kernel
-(`benchmarks/lab/noise_draw.py`), which is most of what a cheap sampler adds to an SGD step.
+(`benchmarks/lab/noise_draw.py`), whose draw is most of what a cheap sampler adds to an SGD step.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def box_muller(key: tf.Tensor, count, dtype: tf.DType = tf.float32) -> tf.Tensor
 
     Args:
         key: A stateless key from `step_key`.
-        count: An even number of values (int or scalar int tensor).
+        count: An even number of values (int or scalar int tensor; an odd int is refused).
         dtype: float32 or float64.
 
     Example:
@@ -75,6 +75,8 @@ def box_muller(key: tf.Tensor, count, dtype: tf.DType = tf.float32) -> tf.Tensor
         G. E. P. Box, M. E. Muller, "A note on the generation of random normal deviates",
         Ann. Math. Statist. 29(2), 1958.
     """
+    if isinstance(count, int) and count % 2:
+        raise ValueError(f"box_muller draws pairs: `count` must be even, got {count}.")
     uniform = tf.random.stateless_uniform(tf.stack([2, count // 2]), seed=key, dtype=dtype, alg="philox")
     radius = tf.sqrt(-2.0 * tf.math.log(1.0 - uniform[0]))
     shift = tf.constant([[0.0], [0.5 * math.pi]], dtype)  # row 1: theta - pi/2, whose cosine is sin(theta)
@@ -83,7 +85,7 @@ def box_muller(key: tf.Tensor, count, dtype: tf.DType = tf.float32) -> tf.Tensor
 
 def _size(tensor) -> int | tf.Tensor:
     """The number of entries: a Python int where the shape is known, else a scalar tensor."""
-    known = tensor.shape.num_elements()
+    known = tf.TensorShape(tensor.shape).num_elements()
     return known if known is not None else tf.size(tensor)
 
 
@@ -98,7 +100,8 @@ def _fused_draw(key: tf.Tensor, tensors: Sequence[tf.Tensor], dtype: tf.DType) -
     for piece, size, share, like in zip(pieces, sizes, shares, tensors):
         if not (isinstance(size, int) and size == share):
             piece = piece[:size]
-        shape = like.shape if like.shape.is_fully_defined() else tf.shape(like)
+        static_shape = tf.TensorShape(like.shape)
+        shape = static_shape if static_shape.is_fully_defined() else tf.shape(like)
         draws.append(tf.reshape(piece, shape))
     return draws
 
@@ -114,13 +117,13 @@ def normal_like(key: tf.Tensor, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]
     This replaced one `tf.random.stateless_normal` (TensorFlow's Box-Muller kernel) per tensor:
     the same distribution (`benchmarks/lab/normal_draw_quality.py` runs high-power checks of
     both), about half the cost on a CPU (`benchmarks/lab/noise_draw.py`), other numbers. Under
-    XLA (`jit_compile=True`) the draw costs what the kernel's does, and the uniforms XLA compiles
-    are other numbers than TensorFlow's kernel draws for the same key: a run compiled with XLA
-    is a different, equally valid chain.
+    XLA (`jit_compile=True`) the uniforms XLA compiles are other numbers than TensorFlow's kernel
+    draws for the same key: a run compiled with XLA is a different, equally valid chain.
 
     Args:
         key: A stateless key from `step_key`.
-        tensors: Tensors (or variables) whose shapes and float dtypes the draws copy.
+        tensors: Tensors, variables or arrays of a float dtype, whose shapes and dtypes the
+            draws copy (another dtype is refused with a ValueError).
 
     Returns:
         A list of tensors, one per input, with i.i.d. N(0, 1) entries.
@@ -131,14 +134,19 @@ def normal_like(key: tf.Tensor, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]
         [TensorShape([2, 3]), TensorShape([4])]
     """
     tensors = list(tensors)
+    for index, like in enumerate(tensors):
+        if not tf.as_dtype(like.dtype).is_floating:
+            raise ValueError(f"normal_like draws floats: tensor {index} has dtype {tf.as_dtype(like.dtype).name}; "
+                             "pass tensors of a float dtype (float16, bfloat16, float32, float64).")
     draws: list = [None] * len(tensors)
     for group, dtype in enumerate((tf.float32, tf.float64)):
-        members = [i for i, t in enumerate(tensors) if (t.dtype == tf.float64) == (dtype == tf.float64)]
+        members = [i for i, t in enumerate(tensors) if (tf.as_dtype(t.dtype) == tf.float64) == (dtype == tf.float64)]
         if not members:
             continue
         group_key = key if group == 0 else tf.random.experimental.stateless_fold_in(key, group)
         for i, draw in zip(members, _fused_draw(group_key, [tensors[i] for i in members], dtype)):
-            draws[i] = draw if tensors[i].dtype == dtype else tf.cast(draw, tensors[i].dtype)
+            target = tf.as_dtype(tensors[i].dtype)
+            draws[i] = draw if target == dtype else tf.cast(draw, target)
     return draws
 
 

@@ -55,10 +55,39 @@ def test_the_two_halves_of_a_box_muller_draw_are_independent_normals():
     assert abs(np.corrcoef(halves[0] ** 2, halves[1] ** 2)[0, 1]) <= BOUND / np.sqrt(COUNT / 2)
 
 
-def test_the_independence_checks_reject_correlated_halves():
+def test_the_independence_checks_reject_dependent_halves():
+    """Power of the two checks above on two wrong draws with exact N(0, 1) halves: halves
+    correlated at 0.05 (the values' check), and halves that share their radius but take
+    independent angles (uncorrelated values, squares correlated at 0.5: the squares' check)."""
     halves = kt_random.box_muller(_key(), COUNT).numpy().reshape(2, -1).astype(np.float64)
-    mixed = 0.02 * halves[0] + np.sqrt(1 - 0.02**2) * halves[1]  # correlation 0.02
-    assert abs(np.corrcoef(halves[0], mixed)[0, 1]) > BOUND / np.sqrt(COUNT / 2)
+    bound = BOUND / np.sqrt(COUNT / 2)
+    correlated = 0.05 * halves[0] + np.sqrt(1 - 0.05**2) * halves[1]
+    assert abs(np.corrcoef(halves[0], correlated)[0, 1]) > bound
+    radius = np.hypot(halves[0], halves[1])
+    angles = 2 * np.pi * np.random.default_rng(0).uniform(size=radius.size)
+    shared_radius = radius * np.cos(angles)
+    assert abs(np.corrcoef(halves[0], shared_radius)[0, 1]) <= bound  # the values' check misses it
+    assert abs(np.corrcoef(halves[0] ** 2, shared_radius**2)[0, 1]) > bound
+
+
+def test_draws_refuse_non_float_dtypes_and_odd_pair_counts():
+    with pytest.raises(ValueError, match="tensor 1 has dtype int32"):
+        kt_random.normal_like(_key(), [tf.zeros([2]), tf.zeros([3], tf.int32)])
+    with pytest.raises(ValueError, match="must be even, got 5"):
+        kt_random.box_muller(_key(), 5)
+    assert kt_random.normal_like(_key(), []) == []
+    (from_array,) = kt_random.normal_like(_key(), [np.zeros((2, 3), np.float32)])
+    np.testing.assert_array_equal(from_array.numpy(), kt_random.normal_like(_key(), [tf.zeros([2, 3])])[0].numpy())
+
+
+def test_the_named_philox_uniforms_are_the_default_algorithms_without_xla():
+    """The draw names Philox: without XLA the same uniforms as the default "auto_select"
+    algorithm (TensorFlow's CPU kernel resolves it to Philox), so naming it changed no number
+    there; under XLA the default resolves otherwise and the named draw is the one compiled
+    (`test_draws_compiled_with_xla_are_standard_normal`)."""
+    named = tf.random.stateless_uniform([2, 48], seed=_key(), alg="philox")
+    default = tf.random.stateless_uniform([2, 48], seed=_key(), alg="auto_select")
+    np.testing.assert_array_equal(named.numpy(), default.numpy())
 
 
 def test_the_checks_reject_a_wrong_distribution():

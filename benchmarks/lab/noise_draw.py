@@ -21,8 +21,8 @@ every step; on small networks that draw is most of what they add to SGD. For eac
   - `philox_uniforms_only`: the Philox uniforms of `kernel_fused` alone, not normals: a lower
     bound on any exact draw built on these random bits;
   - `library_normal_like`: `keras_thermo.random.normal_like`, whatever the installed version
-    does (the recorded noise_draw.json ran while it was `box_muller_fused`; noise_draw_s4.json
-    while it was `kernel_per_variable`; now it is the aligned Box-Muller draw);
+    does (the committed noise_draw.json ran while it was `kernel_per_variable`; now it is the
+    aligned Box-Muller draw);
 * with `--samplers`, SGLD, SGHMC and SGNHT through `fit` (their whole step).
 
 Each is reported in ms per step and as the median over repetitions of its ratio to the SGD step

@@ -3,7 +3,8 @@
 `kernel_normal_like` (TensorFlow's `stateless_normal` kernel, one keyed draw per tensor: the
 samplers' draw until it was replaced) and `box_muller_fused` (`keras_thermo.random.box_muller`:
 one Philox uniform draw turned into normals by whole-tensor Box-Muller, which is what
-`keras_thermo.random.normal_like` draws now; for one tensor the same numbers) are put
+`keras_thermo.random.normal_like` draws now; for one tensor whose size is a multiple of 32 the
+same numbers) are put
 through the same checks, on `--keys` step keys of `--count` draws each (2^26 draws in all by
 default, 256 times the 2^18 of tests/test_random.py):
 

@@ -47,7 +47,9 @@ def _test_module(name: str):
 
 
 #: TensorFlow's normal kernel, one draw per tensor (the library's draw before), and the library's
-#: fused Box-Muller draw (`keras_thermo.random.normal_like`).
+#: fused Box-Muller draw (`keras_thermo.random.normal_like`). The committed
+#: stream_sensitivity*_box_muller.json ran an earlier fused Box-Muller draw (shares not aligned,
+#: every tensor in the widest dtype): the same distribution, other numbers.
 DRAWS = {"kernel_normal_like": kernel_per_variable, "box_muller_fused": kt_random.normal_like}
 
 
