@@ -11,7 +11,7 @@ the weights moved and stayed finite, and that it ends where reference runs end:
   `sqrt(2 A T h)`) is set to 1e-12 and TACT-HMC's `noise`/`xi_noise` to 0 (T stays 1, so
   CCAdL's and mCCAdL's `beta Sigma` keep their size); SGLD, whose noise has no other knob, runs at
   T = 1e-16 (amplitude `sqrt(eps T)` ~ 3e-10 per step). With noise the two cannot be compared:
-  XLA's stateless uniform generator returns other numbers than TensorFlow's CPU kernel for the
+  XLA's stateless normal generator returns other numbers than TensorFlow's CPU kernel for the
   same key (see `test_xla_draws_the_graph_kernels_noise`), so the trajectories are different,
   equally valid chains.
 * With noise (T = 1), against one step per execution, also under XLA: the same noise (keyed by

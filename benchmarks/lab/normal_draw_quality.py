@@ -1,10 +1,8 @@
-"""Is a normal draw N(0, 1) and independent? High-power checks of the samplers' Box-Muller draw and TensorFlow's normal kernel.
+"""Is a normal draw N(0, 1) and independent? High-power checks of the samplers' draw and the fused Box-Muller one.
 
-`kernel_normal_like` (TensorFlow's `stateless_normal` kernel, one keyed draw per tensor: the
-samplers' draw until it was replaced) and `box_muller_fused` (`keras_thermo.random.box_muller`:
-one Philox uniform draw turned into normals by whole-tensor Box-Muller, which is what
-`keras_thermo.random.normal_like` draws now; for one tensor whose size is a multiple of 32 the
-same numbers) are put
+`keras_thermo.random.normal_like` (TensorFlow's `stateless_normal` kernel, one keyed draw per
+tensor) and `benchmarks.lab.noise_draw.box_muller_normal` (one Philox uniform draw turned into
+normals by whole-tensor Box-Muller, the faster draw that was tried and not adopted) are put
 through the same checks, on `--keys` step keys of `--count` draws each (2^26 draws in all by
 default, 256 times the 2^18 of tests/test_random.py):
 
@@ -38,7 +36,7 @@ import scipy.stats
 import tensorflow as tf
 
 from benchmarks import step_cost
-from benchmarks.lab.noise_draw import box_muller_normal, kernel_per_variable
+from benchmarks.lab.noise_draw import box_muller_normal
 from keras_thermo import random as kt_random
 
 GRID = 20
@@ -52,7 +50,7 @@ CONTROLS = {"control_variance_0.2%_high": 1.001, "control_halves_correlated_0.1%
 def draw(method: str, step: int, count: int) -> np.ndarray:
     key = kt_random.step_key(0, tf.constant(step, tf.int64), kt_random.STREAM_MOMENTUM)
     if method in ("kernel_normal_like", "control_variance_0.2%_high"):
-        (values,) = kernel_per_variable(key, [tf.zeros([count])])
+        (values,) = kt_random.normal_like(key, [tf.zeros([count])])
         scale = CONTROLS.get(method, 1.0)
         return scale * values.numpy().astype(np.float64)
     values = box_muller_normal(key, count).numpy().astype(np.float64)

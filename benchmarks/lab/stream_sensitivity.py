@@ -1,7 +1,7 @@
 """How often do the fixed-seed negative controls of the statistical tests reject, over noise streams?
 
-Under another noise stream (the samplers' draw is now the fused Box-Muller one,
-`keras_thermo.random.normal_like`; it was TensorFlow's normal kernel), some fixed-seed assertions of the statistical tests
+Under another noise stream, such as the fused Box-Muller draw
+(`benchmarks.lab.noise_draw.box_muller_normal`), some fixed-seed assertions of the statistical tests
 change outcome: negative controls (a wrong sampler the check must reject) and a resolution
 bound, not the checks of correct samplers. A negative control with few chains has limited
 power: over noise streams it rejects with some probability below 1, and a new stream can make it
@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import step_cost
-from benchmarks.lab.noise_draw import kernel_per_variable
+from benchmarks.lab.noise_draw import box_muller_normal
 from keras_thermo import random as kt_random
 from keras_thermo import testing
 
@@ -46,11 +46,21 @@ def _test_module(name: str):
     return module
 
 
-#: TensorFlow's normal kernel, one draw per tensor (the library's draw before), and the library's
-#: fused Box-Muller draw (`keras_thermo.random.normal_like`). The committed
-#: stream_sensitivity*_box_muller.json ran an earlier fused Box-Muller draw (shares not aligned,
-#: every tensor in the widest dtype): the same distribution, other numbers.
-DRAWS = {"kernel_normal_like": kernel_per_variable, "box_muller_fused": kt_random.normal_like}
+def fused_box_muller_normal_like(key, tensors):
+    """`normal_like` as it was with the fused draw: one Box-Muller draw of every tensor's entries
+    (in the widest dtype), split and reshaped in order."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    if not tensors:
+        return []
+    sizes = [like.shape.num_elements() if like.shape.is_fully_defined() else tf.size(like) for like in tensors]
+    dtype = tf.float64 if any(like.dtype == tf.float64 for like in tensors) else tf.float32
+    flat = box_muller_normal(key, sum(sizes[1:], sizes[0]), dtype)
+    pieces = tf.split(flat, sizes) if len(tensors) > 1 else [flat]
+    return [tf.cast(tf.reshape(piece, tf.shape(like)), like.dtype) for piece, like in zip(pieces, tensors)]
+
+
+DRAWS = {"kernel_normal_like": kt_random.normal_like, "box_muller_fused": fused_box_muller_normal_like}
 
 
 def ccadl_control(module, name: str, seed: int) -> dict:
