@@ -15,6 +15,14 @@ tf.config.set_logical_device_configuration(
     _cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(NUM_LOGICAL_CPUS)]
 )
 
+# `KT_TEST_NORMAL_DRAW=box_muller_aligned` (a name in `benchmarks.lab.noise_draw.DRAWS`) runs the
+# tests with another exact normal draw as the samplers' (static shapes only): which fixed-seed
+# verdicts depend on the noise stream (the stored step references do, by design).
+if os.environ.get("KT_TEST_NORMAL_DRAW"):
+    from benchmarks.lab import noise_draw  # noqa: E402
+    from keras_thermo import random as kt_random  # noqa: E402
+
+    kt_random.normal_like = noise_draw.DRAWS[os.environ["KT_TEST_NORMAL_DRAW"]]
 
 # Default-suite cases run with the slow tests to keep `make test` under 10 minutes on 2 cores;
 # each has a sibling in the default suite that checks the same path (another sampler, another
