@@ -49,8 +49,8 @@ import tensorflow as tf
 from benchmarks import step_cost
 from keras_thermo import random as kt_random
 
-DRAW_METHODS = ("kernel_per_variable", "kernel_fused", "box_muller_fused", "box_muller_aligned", "inverse_cdf_fused",
-                "philox_uniforms_only", "library_normal_like")
+DRAW_METHODS = ("kernel_per_variable", "kernel_fused", "box_muller_fused", "box_muller_aligned",
+                "inverse_cdf_fused", "philox_uniforms_only", "library_normal_like")
 SAMPLERS = ("sgld", "sghmc", "sgnht")
 
 
@@ -156,8 +156,9 @@ def library_normal_like(key: tf.Tensor, variables) -> list[tf.Tensor]:
 
 
 DRAWS = {"kernel_per_variable": kernel_per_variable, "kernel_fused": kernel_fused,
-         "box_muller_fused": box_muller_fused, "box_muller_aligned": box_muller_aligned, "inverse_cdf_fused": inverse_cdf_fused,
-         "philox_uniforms_only": philox_uniforms_only, "library_normal_like": library_normal_like}
+         "box_muller_fused": box_muller_fused, "box_muller_aligned": box_muller_aligned,
+         "inverse_cdf_fused": inverse_cdf_fused, "philox_uniforms_only": philox_uniforms_only,
+         "library_normal_like": library_normal_like}
 
 
 def draw_loop(method, variables, count: int, jit_compile: bool):
