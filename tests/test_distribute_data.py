@@ -112,7 +112,10 @@ def _batch_sequence(bayesian, strategy=None):
         keras.utils.set_random_seed(1)
         net = keras.Sequential([keras.Input((3,)), _Recorder(), keras.layers.Dense(1)])
         if bayesian:
-            model = kt.BayesianModel(net, kt.samplers.SGLD(1e-5), num_examples=N, seed=1)
+            # A constant schedule, not a float: a float step size is checked against the curvature
+            # the step measures, whose forward passes on the step's batch the recorder would count.
+            constant = keras.optimizers.schedules.ExponentialDecay(1e-5, decay_steps=1, decay_rate=1.0)
+            model = kt.BayesianModel(net, kt.samplers.SGLD(constant), num_examples=N, seed=1)
             model.compile(loss="mse")
         else:
             model = net
