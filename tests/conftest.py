@@ -18,11 +18,16 @@ tf.config.set_logical_device_configuration(
 # `KT_TEST_NORMAL_DRAW=box_muller_aligned` (a name in `benchmarks.lab.noise_draw.DRAWS`) runs the
 # tests with another exact normal draw as the samplers' (static shapes only): which fixed-seed
 # verdicts depend on the noise stream (the stored step references do, by design).
+NORMAL_DRAWS = ("kernel_per_variable", "kernel_fused", "box_muller_fused", "box_muller_aligned", "inverse_cdf_fused")
 if os.environ.get("KT_TEST_NORMAL_DRAW"):
+    _draw = os.environ["KT_TEST_NORMAL_DRAW"]
+    if _draw not in NORMAL_DRAWS:
+        raise ValueError(f"KT_TEST_NORMAL_DRAW={_draw!r} is not a normal draw of benchmarks.lab.noise_draw; "
+                         f"use one of {', '.join(NORMAL_DRAWS)} (or leave it unset for the library's own).")
     from benchmarks.lab import noise_draw  # noqa: E402
     from keras_thermo import random as kt_random  # noqa: E402
 
-    kt_random.normal_like = noise_draw.DRAWS[os.environ["KT_TEST_NORMAL_DRAW"]]
+    kt_random.normal_like = noise_draw.DRAWS[_draw]
 
 # Default-suite cases run with the slow tests to keep `make test` under 10 minutes on 2 cores;
 # each has a sibling in the default suite that checks the same path (another sampler, another

@@ -116,7 +116,8 @@ ALIGNMENT = 32
 def box_muller_aligned(key: tf.Tensor, variables) -> list[tf.Tensor]:
     """`box_muller_fused` with each variable's share rounded up to `ALIGNMENT` values (no copy
     in the split) and float64 variables drawn in float64 from `fold_in(key, 1)`, the others in
-    float32 (cast to their dtype). The candidate for the samplers' draw: timed in the step by
+    float32 (cast to their dtype); the variables' shapes must be known. The candidate for the
+    samplers' draw: timed in the step by
     `benchmarks.peers` (`benchmarks/results/peers_box_muller_draw/`, docs/notes/normal_draws.md)."""
     draws = [None] * len(variables)
     for group, dtype in enumerate((tf.float32, tf.float64)):
