@@ -25,7 +25,7 @@ import tensorflow as tf
 import keras_thermo as kt
 from keras_thermo.callbacks import TACTHistograms
 
-from helpers import NUM_EXAMPLES, StepLogs, regression_arrays, regression_model
+from helpers import NUM_EXAMPLES, StepLogs, assert_mirrored_variables_match, regression_arrays, regression_model
 
 GLOBAL_BATCH = 16
 STEPS = 200  # one epoch over the data repeated: a new epoch costs a distributed iterator
@@ -115,19 +115,7 @@ def test_mirrored_run_equals_single_device_run(name):
 
     assert agree.checks == STEPS // agree.every
     assert distributed.sampler_step == single.sampler_step == STEPS
-    for a, b in zip(single.variables, distributed.variables):
-        if a.path.endswith("/curvature"):  # measured per replica share (below)
-            continue
-        np.testing.assert_allclose(
-            np.asarray(b.numpy()), np.asarray(a.numpy()), rtol=RTOL, atol=ATOL, err_msg=b.path
-        )
-    # The largest curvature (a given step size is only checked against it) is the sum of the
-    # replicas' shares' curvatures (`samplers.auto_step.choose_step_size`): the same quantity
-    # estimated from halves of the batch, not the single device's number. The factor 2 is a
-    # sanity bound on a different estimator, not a Monte Carlo tolerance (measured: 1.25).
-    if single._curvature_variable is not None:  # a step-size schedule is not measured
-        ratio = float(distributed._curvature_variable.numpy()) / float(single._curvature_variable.numpy())
-        assert 0.5 < ratio < 2.0
+    assert_mirrored_variables_match(single, distributed, rtol=RTOL, atol=ATOL)
     assert set(distributed_history.logs[0]) == set(single_history.logs[0])
     for key in single_history.logs[0]:
         if key in ("output_spread", "curvature"):  # each replica's share has its own range; above

@@ -23,7 +23,7 @@ import tensorflow as tf
 import keras_thermo as kt
 from keras_thermo import _distribute
 
-from helpers import regression_arrays, regression_model
+from helpers import assert_mirrored_variables_match, regression_arrays, regression_model
 
 GLOBAL_BATCH = 16
 RTOL, ATOL = 1e-4, 1e-5  # as tests/test_distribute.py: a few ulp of summation order per step
@@ -67,8 +67,7 @@ def test_mccadl_under_a_second_strategy_matches_one_device():
     _fit(single, 60)
 
     assert distributed.sampler_step == single.sampler_step == 60
-    for a, b in zip(single.variables, distributed.variables):
-        np.testing.assert_allclose(np.asarray(b.numpy()), np.asarray(a.numpy()), rtol=RTOL, atol=ATOL, err_msg=b.path)
+    assert_mirrored_variables_match(single, distributed, rtol=RTOL, atol=ATOL)
     # Each strategy got a group key of its own, away from TensorFlow's default start (1).
     assert len({_group_key(first), _group_key(second), 1}) == 3
 
