@@ -168,7 +168,11 @@ def test_auto_step_size_samples_the_posterior(name, num_examples):
 # sd (t = -6.5 against a threshold of 4.4). At s = 1000 (condition number ~10^6) the default
 # friction, A = 0.01 / h, overdamps the bias (relaxation time about A / lambda_bias, a quarter of
 # the condition number in steps): the chains do not reach it.
-NOISY_CHAINS = {1.0: CHAINS, 30.0: 32}
+# At s = 1, 24 chains (threshold 4.6) resolve the variances to about 0.1 of the posterior's; 8
+# (threshold 7.6) resolved them only to 0.15-0.27 and passed CCAdL's cold positions unseen, before
+# its thermostat read the kinetic energy net of its explicit friction's excess (the listing's
+# reading is rejected by tests/test_ccadl_thermostat_reading.py at this problem's step).
+NOISY_CHAINS = {1.0: 24, 30.0: 32}
 SLOW_BIAS = pytest.mark.xfail(strict=True, reason="condition number ~10^3: the bias's variance is not resolved in 6,000 steps")
 OVERDAMPED = pytest.mark.xfail(
     strict=True, reason="condition number ~10^6: the default friction overdamps the soft direction (the bias)"

@@ -92,13 +92,17 @@ def test_ccadl_one_step_matches_hand_computation(covariance):
         + math.sqrt(2 * a * temp * h * mass) * noise
     )
     theta1 = theta0 + h / mass * p1
-    xi1 = a + h / mu * (p1 @ p1 / mass - 3 * temp)
+    # The thermostat reads p.M^-1.p net of the explicit friction's first-order excess,
+    # p.M^-1.C.p / 2 with C = (h^2/2) beta Sigma (ccadl.py, module doc).
+    reading = p1 @ p1 / mass - (h * h / 4) / temp * (p1 @ sigma @ p1) / mass
+    xi1 = a + h / mu * (reading - 3 * temp)
 
     np.testing.assert_allclose(_flat(new_state.momentum), p1, rtol=2e-5, atol=1e-6)
     np.testing.assert_allclose(_flat(new_params), theta1, rtol=2e-5, atol=1e-6)
     assert float(new_state.xi) == pytest.approx(xi1, rel=2e-5)
     assert float(logs["noise_scale"]) == pytest.approx(np.trace(sigma) / 3, rel=1e-5)
-    assert float(logs["kinetic_temperature"]) == pytest.approx(p1 @ p1 / mass / 3, rel=2e-5)
+    assert float(logs["kinetic_temperature"]) == pytest.approx(reading / 3, rel=2e-5)
+    assert abs(reading - p1 @ p1 / mass) > 1e-3 * abs(reading)  # the correction is not negligible here
     assert float(logs["xi"]) == float(np.float32(new_state.xi))  # logged in float32
     assert int(new_state.step) == 1
     # The friction term matters at this step size: without it p1 would differ visibly.

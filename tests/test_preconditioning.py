@@ -175,7 +175,12 @@ def test_ccadl_one_step(covariance):
     p1 = p0 + h * _flat(_force()) - friction * h - a * p0 * h + np.sqrt(2 * a * temp * h * m) * _noise(kt_random.STREAM_MOMENTUM)
     np.testing.assert_allclose(_flat(new_state.momentum), p1, rtol=2e-5, atol=1e-6)
     np.testing.assert_allclose(_flat(new_params), _flat(_params()) + h * p1 / m, rtol=2e-5, atol=1e-6)
-    assert float(new_state.xi) == pytest.approx(a + h / mu * (p1 @ (p1 / m) - 3 * temp), rel=2e-5)
+    # The thermostat reads p.M^-1.p net of the explicit friction's excess, p.M^-1.C.p / 2 with
+    # C p = (h^2/2) beta B M^-1 p (ccadl.py, module doc); it logs that reading.
+    reading = p1 @ (p1 / m) - (h * h / 4) / temp * (p1 / m) @ b @ (p1 / m)
+    assert float(new_state.xi) == pytest.approx(a + h / mu * (reading - 3 * temp), rel=2e-5)
+    assert float(logs["kinetic_temperature"]) == pytest.approx(reading / 3, rel=2e-5)
+    assert abs(reading - p1 @ (p1 / m)) > 1e-3 * abs(reading)
     sigma = np.diag(m**-0.5) @ b @ np.diag(m**-0.5)
     assert float(logs["noise_scale"]) == pytest.approx(np.trace(sigma) / 3, rel=1e-5)
     # The covariance friction matters in this step: without it the momentum would fail the check above.

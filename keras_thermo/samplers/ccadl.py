@@ -7,7 +7,7 @@ force, which it estimates from the per-example gradients of each minibatch (DESI
     Sigma = (N^2 / n) I_t,
     p    += h F - (h/2) beta Sigma p h - xi p h + sqrt(2 A T h) M^1/2 R,
     theta += h M^-1 p,
-    xi   += (h / mu) (p.M^-1.p - Nd T),
+    xi   += (h / mu) (p.M^-1.p - (h^2/4) beta p.M^-1.Sigma.p - Nd T),
 
 with `Gc` the centered per-example gradients `[n, Nd]` and `beta = 1/T`. The paper leaves the
 weights `k_t` to the user; `covariance_window=W` uses `k_t = max(1/t, 1/W)`, an exponential average
@@ -19,6 +19,15 @@ listing moves
 theta first and then evaluates the force at the new theta; here the force arrives with the step
 (evaluated at the current theta, like `V`), so the same cycle starts at the momentum update and the
 order is that of SGNHT's Euler integrator: p, theta, xi.
+
+The thermostat reads `p.M^-1.p - (h^2/4) beta p.M^-1.Sigma.p` instead of `p.M^-1.p` (a
+departure from the listing): the explicit friction multiplies p by `1 - c` per step, `c =
+(h^2/2) beta Sigma` along an eigenvector, and the noise it balances adds `h^2 Sigma`, so p's
+stationary variance is `T / (1 - c/2)`, not T. Held at `p.M^-1.p = Nd T`, xi settles above A and
+the positions run cold by about the mean of `c/2`: measured 5% below the posterior variance on the
+linear regression of `tests/test_ccadl_thermostat_reading.py` at the automatic step. Subtracting
+the first-order excess puts xi at A and the positions at T to first order in c; inside the
+automatic step's window, where the covariance friction is off, the reading is SGNHT's.
 
 The covariance term is an explicit (Euler) friction: along an eigenvector of `Sigma` with
 eigenvalue `lambda` it multiplies `p` by `1 - h xi - (h^2/2) beta lambda`, which leaves the unit
@@ -60,6 +69,8 @@ class CCAdLState(NamedTuple):
     covariance: list | tf.Tensor
     preconditioner: tuple = ()
     friction: tf.Tensor = 0.0  # A of the last step (`ThermostatSampler.follow_friction`), float64
+    # `h rate (N^2/n) / M` of the last step: `C = friction_strength I_t` (float32; module doc).
+    friction_strength: tf.Tensor = 0.0
 
 
 @keras.saving.register_keras_serializable(package="keras_thermo")
@@ -154,6 +165,7 @@ class CCAdL(ThermostatSampler):
         return CCAdLState(
             step=tf.constant(0, tf.int64), momentum=momentum, xi=xi, covariance=average,
             preconditioner=self.init_preconditioner(params), friction=friction,
+            friction_strength=tf.constant(0.0, tf.float32),
         )
 
     def step_size_cap(self, context: StepContext, params, masses) -> tf.Tensor:
@@ -198,6 +210,23 @@ class CCAdL(ThermostatSampler):
             product = tf.linalg.matvec(integrators.as_float32(average), _tree.flatten(momentum))
             return _tree.unflatten(product, params)
         return [integrators.as_float32(var) * p for var, p in zip(average, momentum)]
+
+    def _friction_excess(self, momentum, mass, average, params, strength) -> list[tf.Tensor]:
+        """Each tensor's share of `p.M^-1.C.p / 2`, `C p = strength I_t p` (scalar M) or
+        `strength I_t M^-1 p` (diagonal M), as the covariance friction of `update` applies it."""
+        masses = integrators.per_tensor(mass, len(momentum))
+        scaled = [p / m for p, m in zip(momentum, masses)]  # M^-1 p
+        operand = momentum if self.preconditioner is None else scaled
+        friction = self._covariance_times(average, operand, params)
+        return [0.5 * strength * tf.reduce_sum(u * f) for u, f in zip(scaled, friction)]
+
+    def variable_kinetic_temperatures(self, new_state: CCAdLState, params, new_params):
+        """Each variable's `(p_v.M^-1.p_v - p_v.M^-1.C.p_v / 2) / n_v`: what the thermostat reads
+        (module doc), which averages T at equilibrium."""
+        raw = super().variable_kinetic_temperatures(new_state, params, new_params)
+        mass = self.mass if self.preconditioner is None else self.masses(new_state.preconditioner)
+        excess = self._friction_excess(new_state.momentum, mass, new_state.covariance, params, new_state.friction_strength)
+        return [k - e / float(num_scalars([p])) for k, e, p in zip(raw, excess, params)]
 
     @staticmethod
     def _largest_diagonal(average, inverse_mass=None) -> tf.Tensor:
@@ -262,9 +291,20 @@ class CCAdL(ThermostatSampler):
         )
         new_params = integrators.drift(params, momentum, h, mass)
         thermostat_kwargs = self.thermostat_kwargs(params, context, mass)
-        xi = integrators.thermostat(state.xi, momentum, h, **thermostat_kwargs)
+        # The explicit covariance friction multiplies p by `1 - C` per step (`C = h rate Sigma`),
+        # which leaves p's variance at `T (1 + C / 2)` to first order: a thermostat reading
+        # p.M^-1.p settles xi above A, and the positions run cold by about mean(C) / 2 (module
+        # doc). It reads `p.M^-1.p - p.M^-1.C.p / 2`, the energy the positions equilibrate with.
+        strength = h * rate * sigma_scale
+        excess = self._friction_excess(momentum, mass, average, params, strength)
+        variable_sizes = thermostat_kwargs["variable_sizes"]
+        energy = integrators.thermostat_energy(momentum, mass, variable_sizes)
+        energy = energy - (tf.stack(excess) if variable_sizes is not None else tf.add_n(excess))
+        xi = integrators.thermostat_from_energy(state.xi, energy, h, **thermostat_kwargs)
         diagnostics = {
-            "kinetic_temperature": integrators.kinetic_temperature(momentum, mass, num_params),
+            "kinetic_temperature": integrators.whole_net_kinetic(
+                integrators.thermostat_kinetic(energy, num_params, variable_sizes), variable_sizes
+            ),
             "step_size": h,
             "xi": self.logged_xi(xi),
             "noise_scale": noise_scale,
@@ -274,7 +314,7 @@ class CCAdL(ThermostatSampler):
         }
         new_state = CCAdLState(
             step=state.step + 1, momentum=momentum, xi=xi, covariance=average, preconditioner=preconditioner,
-            friction=state.friction,
+            friction=state.friction, friction_strength=tf.cast(strength, tf.float32),
         )
         return new_params, new_state, diagnostics
 
