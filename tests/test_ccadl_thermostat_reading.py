@@ -70,3 +70,15 @@ def test_the_listings_reading_runs_the_positions_cold(seed):
     check, _ = _check(ListingReading, seed)
     assert not check.passed, check.summary()
     assert np.all(check.relative_variance_error < 0), check.summary()
+
+
+if __name__ == "__main__":
+    # `PYTHONPATH=. python tests/test_ccadl_thermostat_reading.py`: each reading's variance errors.
+    print(f"step size {_problem()[4]:.5f}; {CHAINS} chains x {STEPS} steps, every {THIN}th after {BURN_IN}")
+    for label, sampler_class in (("corrected reading", CCAdL), ("listing's reading", ListingReading)):
+        for seed in (0, 1):
+            check, result = _check(sampler_class, seed)
+            kinetic = result.logs["kinetic_temperature"][:, BURN_IN:].mean()
+            print(f"{label}, seed {seed}: passed {check.passed}; relative variance error "
+                  f"{np.round(check.relative_variance_error, 3)}; variance t {np.round(check.variance_t, 2)} "
+                  f"(threshold {check.threshold:.2f}); logged kinetic temperature {kinetic:.4f}")

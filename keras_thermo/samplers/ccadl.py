@@ -69,7 +69,8 @@ class CCAdLState(NamedTuple):
     covariance: list | tf.Tensor
     preconditioner: tuple = ()
     friction: tf.Tensor = 0.0  # A of the last step (`ThermostatSampler.follow_friction`), float64
-    # `h rate (N^2/n) / M` of the last step: `C = friction_strength I_t` (float32; module doc).
+    # The last step's covariance friction per step, `C p = friction_strength I_t p` (`I_t M^-1 p`
+    # under a diagonal mass): what the thermostat's reading subtracts (float32; module doc).
     friction_strength: tf.Tensor = 0.0
 
 
