@@ -138,7 +138,7 @@ def _minibatch_stream(arrays, batch_size: int, seed: int):
         )
         return tuple(tf.gather(t, indices) for t in tensors)
 
-    return tf.data.Dataset.range(2**62).map(draw)
+    return tf.data.Dataset.range(2**62).repeat().map(draw)  # infinite cardinality: no epoch of rows
 
 
 def run_chains(

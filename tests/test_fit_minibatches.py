@@ -18,6 +18,7 @@ run's error (6 segments of 1000 steps), -71%, is far beyond it
 """
 
 import logging
+import warnings
 
 import keras
 import numpy as np
@@ -166,6 +167,23 @@ def test_a_pipeline_for_a_thermostat_sampler_is_noted_once(caplog):
     with caplog.at_level(logging.WARNING, logger="keras_thermo"):
         drawn.fit(kt.data.random_minibatches(x, x, BATCH, seed=0), steps_per_epoch=5, epochs=1, verbose=0)
     assert not [r for r in caplog.records if "independent minibatches" in r.getMessage()]
+
+
+def test_random_minibatches_hold_no_epoch_of_rows():
+    """Drawn with replacement without end, they say nothing about N: fit neither warns that N
+    disagrees with their rows nor takes N from them (it asks for `num_examples`). Their
+    cardinality was once 2^62 batches, and fit warned that it trained on 2^62 x 10 examples."""
+    x = _data()
+    minibatches = kt.data.random_minibatches(x, x, BATCH, seed=0)
+    assert int(minibatches.cardinality()) == int(tf.data.INFINITE_CARDINALITY)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*weights the likelihood as if.*")
+        _model("sgnht", seed=1).fit(minibatches, steps_per_epoch=5, epochs=1, verbose=0)
+    unsized = kt.BayesianModel(keras.Sequential([keras.Input((1,)), MeanAndPrecision()]), kt.samplers.SGNHT(STEP_SIZE),
+                               num_examples=None, prior=NormalGammaPrior(), seed=0)
+    unsized.compile(loss=gaussian_nll)
+    with pytest.raises(ValueError, match="num_examples"):
+        unsized.fit(minibatches, steps_per_epoch=5, epochs=1, verbose=0)
 
 
 if __name__ == "__main__":

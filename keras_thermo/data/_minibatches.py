@@ -43,7 +43,9 @@ def random_minibatches(x, y, batch_size: int, *, seed: int, with_replacement: bo
         )
         return tf.gather(x, indices), tf.gather(y, indices)
 
-    return mark_with_replacement(tf.data.Dataset.range(2**62).map(draw))
+    # `repeat()` makes the cardinality infinite, not 2^62: `fit` then reads no epoch of rows from it
+    # (N must be given), where 2^62 batches passed for 2^62 x batch_size training examples.
+    return mark_with_replacement(tf.data.Dataset.range(2**62).repeat().map(draw))
 
 
 def mark_with_replacement(dataset: tf.data.Dataset) -> tf.data.Dataset:
