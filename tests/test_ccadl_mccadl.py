@@ -109,6 +109,23 @@ def test_ccadl_one_step_matches_hand_computation(covariance):
     assert np.max(np.abs((h / 2) / temp * (sigma @ p0) * h)) > 0.05
 
 
+@pytest.mark.parametrize("covariance", ["diag", "full"])
+@pytest.mark.parametrize("per_variable_thermostat", [False, True])
+def test_ccadl_per_variable_kinetic_temperatures_are_its_thermostats_reading(covariance, per_variable_thermostat):
+    """What the per-variable check reads is what the thermostat reads and CCAdL logs: their
+    size-weighted mean is the logged kinetic temperature, not the listing's p.M^-1.p / Nd."""
+    temp, mass = 2.0, 2.0
+    sampler = CCAdL(0.01, friction=1.5, covariance=covariance, mass=mass, per_variable_thermostat=per_variable_thermostat)
+    state = sampler.init(_params(), temperature=temp, seed=SEED)
+    new_params, new_state, logs = sampler.update(state, _params(), _force(), _context(temp))
+    per_variable = sampler.variable_kinetic_temperatures(new_state, _params(), new_params)
+    sizes = [int(np.prod(p.shape)) for p in _params()]
+    mean = np.dot([float(t) for t in per_variable], sizes) / sum(sizes)
+    assert mean == pytest.approx(float(logs["kinetic_temperature"]), rel=1e-5)
+    listing = sum(float(np.sum(np.square(p))) for p in new_state.momentum) / mass / sum(sizes)
+    assert abs(mean - listing) > 1e-3 * listing
+
+
 def test_ccadl_moving_average_weights_each_step_by_one_over_t():
     sampler = CCAdL(0.001, covariance="full")
     params = _params()
