@@ -111,18 +111,22 @@ def test_ccadl_one_step_matches_hand_computation(covariance):
 
 @pytest.mark.parametrize("covariance", ["diag", "full"])
 @pytest.mark.parametrize("per_variable_thermostat", [False, True])
-def test_ccadl_per_variable_kinetic_temperatures_are_its_thermostats_reading(covariance, per_variable_thermostat):
+@pytest.mark.parametrize("preconditioner", [None, "layerwise"])
+def test_ccadl_per_variable_kinetic_temperatures_are_its_thermostats_reading(covariance, per_variable_thermostat,
+                                                                             preconditioner):
     """What the per-variable check reads is what the thermostat reads and CCAdL logs: their
     size-weighted mean is the logged kinetic temperature, not the listing's p.M^-1.p / Nd."""
     temp, mass = 2.0, 2.0
-    sampler = CCAdL(0.01, friction=1.5, covariance=covariance, mass=mass, per_variable_thermostat=per_variable_thermostat)
+    sampler = CCAdL(0.01, friction=1.5, covariance=covariance, mass=mass, per_variable_thermostat=per_variable_thermostat,
+                    preconditioner=preconditioner)
     state = sampler.init(_params(), temperature=temp, seed=SEED)
     new_params, new_state, logs = sampler.update(state, _params(), _force(), _context(temp))
     per_variable = sampler.variable_kinetic_temperatures(new_state, _params(), new_params)
     sizes = [int(np.prod(p.shape)) for p in _params()]
     mean = np.dot([float(t) for t in per_variable], sizes) / sum(sizes)
     assert mean == pytest.approx(float(logs["kinetic_temperature"]), rel=1e-5)
-    listing = sum(float(np.sum(np.square(p))) for p in new_state.momentum) / mass / sum(sizes)
+    masses = [mass] * len(sizes) if preconditioner is None else sampler.masses(new_state.preconditioner)
+    listing = sum(float(np.sum(np.square(p) / m)) for p, m in zip(new_state.momentum, masses)) / sum(sizes)
     assert abs(mean - listing) > 1e-3 * listing
 
 

@@ -15,7 +15,7 @@ step is there to take it out. Two splittings:
   exp(-A h))) R` (the D steps are no-ops without a thermostat).
 
 Reports the stationary kinetic temperature `<p^2> / T` read at the end of a step (where the
-library's per-variable check reads it; for mCCAdL also `kinetic_around_c`, the mean of `p^2 / T`
+library's per-variable check read it before CCAdL's reading subtracted its friction's excess; for mCCAdL also `kinetic_around_c`, the mean of `p^2 / T`
 just before and just after C, which its D steps, and its logged `kinetic_temperature`, read) and
 the configurational one `lam <theta^2> / T` (the sampled variance over the
 target's), with standard errors over independent chains, for x from 0.01 to 3. Where the two

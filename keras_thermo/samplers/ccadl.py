@@ -7,7 +7,7 @@ force, which it estimates from the per-example gradients of each minibatch (DESI
     Sigma = (N^2 / n) I_t,
     p    += h F - (h/2) beta Sigma p h - xi p h + sqrt(2 A T h) M^1/2 R,
     theta += h M^-1 p,
-    xi   += (h / mu) (p.M^-1.p - (h^2/4) beta p.M^-1.Sigma.p - Nd T),
+    xi   += (h / mu) (p.M^-1.p - (h^2/4) beta q.Sigma.q - Nd T),   q = M^-1/2 p,
 
 with `Gc` the centered per-example gradients `[n, Nd]` and `beta = 1/T`. The paper leaves the
 weights `k_t` to the user; `covariance_window=W` uses `k_t = max(1/t, 1/W)`, an exponential average
@@ -20,14 +20,14 @@ theta first and then evaluates the force at the new theta; here the force arrive
 (evaluated at the current theta, like `V`), so the same cycle starts at the momentum update and the
 order is that of SGNHT's Euler integrator: p, theta, xi.
 
-The thermostat reads `p.M^-1.p - (h^2/4) beta p.M^-1.Sigma.p` instead of `p.M^-1.p` (a
-departure from the listing): the explicit friction multiplies p by `1 - c` per step, `c =
+The thermostat reads `p.M^-1.p - (h^2/4) beta q.Sigma.q` (`q = M^-1/2 p`, Sigma as in
+`update`) instead of `p.M^-1.p` (a departure from the listing): the explicit friction multiplies p by `1 - c` per step, `c =
 (h^2/2) beta Sigma` along an eigenvector, and the noise it balances adds `h^2 Sigma`, so p's
 stationary variance is `T / (1 - c/2)`, not T. Held at `p.M^-1.p = Nd T`, xi settles above A and
 the positions run cold by about the mean of `c/2`: measured 5% below the posterior variance on the
 linear regression of `tests/test_ccadl_thermostat_reading.py` at the automatic step. Subtracting
-the first-order excess puts xi at A and the positions at T to first order in c; inside the
-automatic step's window, where the covariance friction is off, the reading is SGNHT's.
+the first-order excess puts xi and the positions where SGNHT's Euler scheme puts them, to
+first order in c (within `h A / 2` of A and T); inside the automatic step's window, where the covariance friction is off, the reading is SGNHT's.
 
 The covariance term is an explicit (Euler) friction: along an eigenvector of `Sigma` with
 eigenvalue `lambda` it multiplies `p` by `1 - h xi - (h^2/2) beta lambda`, which leaves the unit
@@ -293,7 +293,7 @@ class CCAdL(ThermostatSampler):
         new_params = integrators.drift(params, momentum, h, mass)
         thermostat_kwargs = self.thermostat_kwargs(params, context, mass)
         # The explicit covariance friction multiplies p by `1 - C` per step (`C = h rate Sigma`),
-        # which leaves p's variance at `T (1 + C / 2)` to first order: a thermostat reading
+        # which leaves p's variance at `T M (1 + C / 2)` to first order: a thermostat reading
         # p.M^-1.p settles xi above A, and the positions run cold by about mean(C) / 2 (module
         # doc). It reads `p.M^-1.p - p.M^-1.C.p / 2`, the energy the positions equilibrate with.
         strength = h * rate * sigma_scale
