@@ -58,8 +58,9 @@ def _check(sampler_class, seed):
 def test_ccadl_samples_the_posterior_variance_at_the_automatic_step(seed):
     check, result = _check(CCAdL, seed)
     assert check.passed, check.summary()
-    assert np.all(check.detectable_variance_error < 0.06), check.summary()
-    # What it logs is what its thermostat reads: it averages T.
+    # Power: finer than the listing's smallest deficit (4.5%, the report of `__main__`), so a pass excludes it.
+    assert np.all(check.detectable_variance_error < 0.045), check.summary()
+    # What it logs is what its thermostat reads, which averages T (p.M^-1.p itself reads ~1.05 here).
     kinetic = result.logs["kinetic_temperature"][:, BURN_IN:]
     assert abs(kinetic.mean() - 1.0) < 0.01, kinetic.mean()
 
@@ -81,4 +82,5 @@ if __name__ == "__main__":
             kinetic = result.logs["kinetic_temperature"][:, BURN_IN:].mean()
             print(f"{label}, seed {seed}: passed {check.passed}; relative variance error "
                   f"{np.round(check.relative_variance_error, 3)}; variance t {np.round(check.variance_t, 2)} "
-                  f"(threshold {check.threshold:.2f}); logged kinetic temperature {kinetic:.4f}")
+                  f"(threshold {check.threshold:.2f}); resolution {np.round(check.detectable_variance_error, 3)}; "
+                  f"logged kinetic temperature {kinetic:.4f}")

@@ -21,13 +21,15 @@ theta first and then evaluates the force at the new theta; here the force arrive
 order is that of SGNHT's Euler integrator: p, theta, xi.
 
 The thermostat reads `p.M^-1.p - (h^2/4) beta q.Sigma.q` (`q = M^-1/2 p`, Sigma as in
-`update`) instead of `p.M^-1.p` (a departure from the listing): the explicit friction multiplies p by `1 - c` per step, `c =
-(h^2/2) beta Sigma` along an eigenvector, and the noise it balances adds `h^2 Sigma`, so p's
-stationary variance is `T / (1 - c/2)`, not T. Held at `p.M^-1.p = Nd T`, xi settles above A and
-the positions run cold by about the mean of `c/2`: measured 5% below the posterior variance on the
-linear regression of `tests/test_ccadl_thermostat_reading.py` at the automatic step. Subtracting
-the first-order excess puts xi and the positions where SGNHT's Euler scheme puts them, to
-first order in c (within `h A / 2` of A and T); inside the automatic step's window, where the covariance friction is off, the reading is SGNHT's.
+`update`) instead of `p.M^-1.p`, a departure from the listing. The explicit friction multiplies
+p by `1 - c` per step (`c = (h^2/2) beta Sigma` along an eigenvector) and the noise it balances
+adds `h^2 Sigma`, so p's stationary variance is `T / (1 - c/2)`, not T. Held at `p.M^-1.p =
+Nd T`, xi settles above A and the positions run cold by about the mean of `c/2` (4.5-6.9% of
+the posterior variance at the automatic step on the regression of
+`tests/test_ccadl_thermostat_reading.py`). Subtracting the first-order excess leaves xi and the
+positions where SGNHT's Euler scheme puts them, to first order in c (relative offsets of about
+`h A / 2`); inside the automatic step's window, where the covariance friction is off, the
+reading is SGNHT's.
 
 The covariance term is an explicit (Euler) friction: along an eigenvector of `Sigma` with
 eigenvalue `lambda` it multiplies `p` by `1 - h xi - (h^2/2) beta lambda`, which leaves the unit
