@@ -60,7 +60,7 @@ def test_ccadl_samples_the_posterior_variance_at_the_automatic_step(seed):
     assert check.passed, check.summary()
     # Power: finer than the listing's smallest deficit (4.5%, the report of `__main__`), so a pass excludes it.
     assert np.all(check.detectable_variance_error < 0.045), check.summary()
-    # What it logs is what its thermostat reads, which averages T (p.M^-1.p itself reads ~1.05 here).
+    # What it logs is what its thermostat reads, which averages T (not p.M^-1.p, which reads above T).
     kinetic = result.logs["kinetic_temperature"][:, BURN_IN:]
     assert abs(kinetic.mean() - 1.0) < 0.01, kinetic.mean()
 
