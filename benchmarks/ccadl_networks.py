@@ -2,6 +2,7 @@
 
 - `conv`: Conv2D(16, 3x3) + Dense(10) on scikit-learn's 8x8 digits (1797 images, batch 64,
   Gaussian prior std 1), T = 1;
+- `mlp`: the digits MLP 64-50-10 (ReLU) on the same images, split and settings;
 - `diabetes`: a 10-50-2 ReLU MLP (the docs' regression example) on scikit-learn's diabetes (first 353 rows train, last 89 test,
   features and targets standardised on the training rows), `kt.losses.GaussianNLL()` with a
   learned noise scale, batch 64, prior std 1, T = 1.
@@ -16,6 +17,10 @@ mean's 1.0), from samples every 10 steps after the warm-up.
         --step-size 1e-3 --out benchmarks/results/ccadl_networks_conv.json
     python -m benchmarks.ccadl_networks --problem diabetes --samplers sgnht ccadl mccadl --steps 6000 \
         --step-size 3e-4 --out benchmarks/results/ccadl_networks_diabetes.json
+
+`--seeds 0 1 2` repeats every sampler from each seed's initialisation and noise; the printed
+summary (`summary`, also `--summarize FILE`) gives each sampler's test metric per seed, its ratio
+to SGNHT's on the same seed, and the mean over seeds.
 
 A run that the model stops (`SamplerDivergedError`) is recorded with its message.
 """
@@ -34,6 +39,8 @@ import numpy as np
 
 import keras_thermo as kt
 
+CLASSIFIERS = ("conv", "mlp")
+PROBLEMS = (*CLASSIFIERS, "diabetes")
 LOGGED = ("kinetic_temperature", "configurational_temperature", "xi", "noise_scale", "step_size_limit", "potential")
 
 
@@ -41,16 +48,22 @@ def problem(name: str, seed: int = 0):
     """`(net, loss, x_train, y_train, x_test, y_test, batch_size)`."""
     keras.backend.clear_session()
     keras.utils.set_random_seed(seed)
-    if name == "conv":
+    if name in CLASSIFIERS:
         from sklearn.datasets import load_digits  # noqa: PLC0415
 
         data = load_digits()
         x = data.images.astype(np.float32)[..., None] / 16.0
         y = data.target.astype(np.int32)
-        net = keras.Sequential([
-            keras.Input((8, 8, 1)), keras.layers.Conv2D(16, 3, activation="relu"),
-            keras.layers.Flatten(), keras.layers.Dense(10),
-        ])
+        if name == "conv":
+            net = keras.Sequential([
+                keras.Input((8, 8, 1)), keras.layers.Conv2D(16, 3, activation="relu"),
+                keras.layers.Flatten(), keras.layers.Dense(10),
+            ])
+        else:
+            x = x.reshape(len(x), 64)
+            net = keras.Sequential([
+                keras.Input((64,)), keras.layers.Dense(50, activation="relu"), keras.layers.Dense(10),
+            ])
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         return net, loss, x[:1500], y[:1500], x[1500:], y[1500:], 64
     if name == "diabetes":
@@ -68,7 +81,7 @@ def problem(name: str, seed: int = 0):
             keras.Input((10,)), keras.layers.Dense(50, activation="relu"), keras.layers.Dense(2),
         ])
         return net, kt.losses.GaussianNLL(), features[train], targets[train], features[test], targets[test], 64
-    raise ValueError(f"`problem` must be 'conv' or 'diabetes', got {name!r}.")
+    raise ValueError(f"`problem` must be one of {PROBLEMS}, got {name!r}.")
 
 
 SAMPLERS = {
@@ -140,7 +153,7 @@ def test_metric(name, net, loss, samples, x_test, y_test) -> dict:
             variable.assign(piece.reshape(shape))
         outputs.append(np.asarray(net(x_test)))
     outputs = np.stack(outputs)
-    if name == "conv":
+    if name in CLASSIFIERS:
         logits = outputs - outputs.max(-1, keepdims=True)
         probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
         mean = probs.mean(0)
@@ -154,20 +167,29 @@ def test_metric(name, net, loss, samples, x_test, y_test) -> dict:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--problem", required=True, choices=["conv", "diabetes"])
+    parser.add_argument("--problem", choices=PROBLEMS)
     parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS))
-    parser.add_argument("--step-size", type=float, required=True)
+    parser.add_argument("--step-size", type=float)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=1000)
     parser.add_argument("--block", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--per-example-method", default=None)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--summarize", default=None, help="print the summary of a result file and exit")
     args = parser.parse_args(argv)
+    if args.summarize:
+        with open(args.summarize) as handle:
+            for line in summary(json.load(handle)["runs"]):
+                print(line)
+        return []
+    if args.problem is None or args.step_size is None:
+        parser.error("--problem and --step-size are required (unless --summarize)")
     runs = []
-    for sampler in args.samplers:
-        result = run(args.problem, sampler, args.step_size, args.steps, args.warmup, args.seed, args.block,
+    for seed, sampler in ((seed, sampler) for seed in args.seeds for sampler in args.samplers):
+        result = run(args.problem, sampler, args.step_size, args.steps, args.warmup, seed, args.block,
                      args.per_example_method)
+        result["seed"] = seed
         runs.append(result)
         last = result["blocks"][-3:]
         print(sampler, {k: v for k, v in result.items() if k not in ("blocks", "sampler_config")}, flush=True)
@@ -178,7 +200,46 @@ def main(argv=None):
             with open(args.out, "w") as handle:
                 json.dump({"command": "python -m benchmarks.ccadl_networks " + " ".join(sys.argv[1:] if argv is None else argv),
                            "platform": platform.platform(), "runs": runs}, handle, indent=1)
+    for line in summary(runs):
+        print(line)
     return runs
+
+
+def final_temperatures(run: dict, blocks: int = 3) -> str:
+    """`, T_kin a / T_conf b`: the two temperatures averaged over the run's last `blocks` blocks."""
+    rows = run["blocks"][-blocks:]
+    if not rows or "configurational_temperature" not in rows[0]:
+        return ""
+    kinetic = np.mean([row["kinetic_temperature"] for row in rows])
+    configurational = np.mean([row["configurational_temperature"] for row in rows])
+    return f", T_kin {kinetic:.2f} / T_conf {configurational:.2f}"
+
+
+def summary(runs: list[dict]) -> list[str]:
+    """One line per sampler: its test metric per seed (with the temperatures of its last three
+    blocks) and, where SGNHT ran on the same seed, the ratio to SGNHT's (NLL for the classifiers,
+    RMSE for the regression; lower is better), then the mean over seeds."""
+    key = "test_nll" if any("test_nll" in r for r in runs) else "test_rmse"
+    reference = {r.get("seed", 0): r.get(key) for r in runs if r["sampler"] == "sgnht"}
+    lines = []
+    for sampler in dict.fromkeys(r["sampler"] for r in runs):
+        cells = []
+        for r in (r for r in runs if r["sampler"] == sampler):
+            value, base = r.get(key), reference.get(r.get("seed", 0))
+            if value is None:
+                cells.append(f"seed {r.get('seed', 0)}: {r['error'] or 'no samples'}")
+            else:
+                ratio = f" ({value / base:.2f}x SGNHT)" if base and sampler != "sgnht" else ""
+                cells.append(f"seed {r.get('seed', 0)}: {value:.4f}{ratio}{final_temperatures(r)}")
+        values = [r.get(key) for r in runs if r["sampler"] == sampler]
+        if values and None not in values:
+            mean = float(np.mean(values))
+            bases = [reference.get(r.get("seed", 0)) for r in runs if r["sampler"] == sampler]
+            ratio = (f" ({mean / float(np.mean(bases)):.2f}x SGNHT's mean)"
+                     if sampler != "sgnht" and bases and None not in bases else "")
+            cells.append(f"mean {mean:.4f}{ratio}")
+        lines.append(f"{sampler} {key}: " + "; ".join(cells))
+    return lines
 
 
 if __name__ == "__main__":
