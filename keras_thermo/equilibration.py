@@ -41,6 +41,7 @@ from keras_thermo._validation import check_bool, check_int, check_non_negative, 
 
 KINETIC, CONFIGURATIONAL = 0, 1
 KINDS = ("kinetic", "configurational")
+CONFIGURATIONAL = KINDS.index("configurational")
 
 
 # --- in-graph sums ------------------------------------------------------------------------------
@@ -121,7 +122,9 @@ class EquilibrationCheck(keras.callbacks.Callback):
         rtol: Deviations below `rtol * T` pass even when significant (0 = strict test).
         max_band: Comparisons whose band `z * standard error` is wider than `max_band * T` are
             undetermined (`in_band` None): they could not tell T from a run that far off it. The
-            verdict is None while no temperature of the whole net is resolved. None: no gate.
+            verdict is False once a resolved comparison is out of band, and otherwise None while
+            the whole net's configurational temperature is unresolved (the kinetic one alone
+            cannot pass a run: a thermostat holds it at T). None: no gate.
         min_variable_size: Variables with fewer scalars are reported but not judged (their
             temperatures fluctuate too much to say anything).
         log_dir: Optional TensorBoard directory.
@@ -342,11 +345,13 @@ class EquilibrationCheck(keras.callbacks.Callback):
 
     @staticmethod
     def _whole_net_in_band(report: dict[str, Any]) -> bool:
-        """Whether the whole net's temperatures are in band, those the run resolves (what starts
-        linked recording: per-variable misses are reported and warned about, but need not hold
-        the average back)."""
-        verdicts = [report["overall"][kind]["in_band"] for kind in KINDS]
-        return any(v is not None for v in verdicts) and all(v is not False for v in verdicts)
+        """Whether the whole net's configurational temperature is resolved and in band and its
+        kinetic one not out of band (what starts linked recording: per-variable misses are
+        reported and warned about, but need not hold the average back). An unresolved
+        configurational temperature never passes: the thermostat samplers hold the kinetic one
+        at T whatever the positions do."""
+        overall = report["overall"]
+        return overall["configurational"]["in_band"] is True and overall["kinetic"]["in_band"] is not False
 
     def _temperature(self) -> float:
         return self.temperature if self.temperature is not None else float(self.model.temperature)
@@ -418,8 +423,15 @@ class EquilibrationCheck(keras.callbacks.Callback):
                 for k, kind in enumerate(KINDS)
             }
 
-        undetermined = pending or not resolved[:, 0].any()
-        verdict = None if undetermined else bool(np.all(in_band[resolved]))
+        # Any resolved comparison out of band makes the run not at T; passing needs the whole
+        # net's configurational temperature resolved: a thermostat holds the kinetic one at T by
+        # construction, so a kinetic comparison alone cannot say the positions are at T.
+        if pending:
+            verdict = None
+        elif not np.all(in_band[resolved]):
+            verdict = False
+        else:
+            verdict = True if resolved[CONFIGURATIONAL, 0] else None
         # Blocks past the warm-up or ramp in which no step counted: a tempering sampler off its
         # plateau for the whole block (TACT-HMC's steps count only where theta is at T).
         countable = weights[self._first_countable_block(first):]
@@ -541,7 +553,7 @@ def summary(report: dict[str, Any]) -> str:
         if not math.isfinite(entry["mean"]):
             return f"{kind} n/a"
         text = f"{kind} {entry['mean']:.3g} +- {entry['standard_error']:.2g}"
-        return text + (" unresolved" if entry["in_band"] is None and report["equilibrated"] is not None else "")
+        return text + (" unresolved" if entry["in_band"] is None else "")
 
     figures = ", ".join(figure(kind) for kind in KINDS)
     verdict = report["equilibrated"]

@@ -166,6 +166,52 @@ def test_a_band_wider_than_max_band_leaves_the_verdict_undetermined(hot_run_chec
     check.max_band = None
 
 
+def _check_of_blocks(kinetic, configurational, block_steps=100):
+    """A whole-net check (T = 1, burn-in 0) holding one block per pair of means, as `fit` would
+    have closed them; returns it and the step at which its linked recording started (or None)."""
+    check = kt.callbacks.EquilibrationCheck(block_steps=block_steps, burn_in_steps=0, per_variable=False,
+                                            temperature=1.0, min_blocks=10)
+
+    class Recording:
+        started = None
+
+        def start_recording_at(self, step):
+            Recording.started = step
+
+    check.link(Recording())
+    check._sizes = np.zeros(0)  # the whole net only, as the default check
+    for index, (k, c) in enumerate(zip(kinetic, configurational)):
+        first, last = index * block_steps + 1, (index + 1) * block_steps
+        sums = block_steps * np.array([[k], [c]])
+        check._blocks.append((first, last, float(block_steps), sums))
+        check._on_block_closed(first, last, float(block_steps), sums)
+    return check, Recording.started
+
+
+def test_a_kinetic_temperature_held_at_t_does_not_pass_positions_the_check_cannot_resolve():
+    """A thermostat holds the whole net's kinetic temperature at T whatever the positions do. With
+    the configurational temperature too unsettled to resolve (its band wider than `max_band T`),
+    the run is undetermined and linked recording waits; before, a kinetic temperature in band
+    and an unresolved configurational one passed the run and started the average, which the
+    benchmark runner then reported as started "at T" from a chain whose configurational
+    temperature read a quarter of T. Resolved and in band, the same kinetic figures pass."""
+    rng = np.random.default_rng(0)
+    kinetic = 1.0 + 0.002 * rng.standard_normal(20)
+    unsettled = np.where(np.arange(20) % 2 == 0, 0.2, 1.4) + 0.05 * rng.standard_normal(20)
+    check, started = _check_of_blocks(kinetic, unsettled)
+    report = check.report()
+    assert report["overall"]["kinetic"]["in_band"] is True
+    assert report["overall"]["configurational"]["in_band"] is None
+    assert report["equilibrated"] is None and started is None
+    assert "configurational" in equilibration.summary(report) and "unresolved" in equilibration.summary(report)
+    settled = 1.0 + 0.01 * rng.standard_normal(20)
+    check, started = _check_of_blocks(kinetic, settled)
+    assert check.report()["equilibrated"] is True and started == 1000
+    # A resolved comparison out of band still fails the run while the other is unresolved.
+    check, started = _check_of_blocks(0.8 + 0.002 * rng.standard_normal(20), unsettled)
+    assert check.report()["equilibrated"] is False and started is None
+
+
 def _report(verdict, kinetic, configurational, in_band=True, step=420, blocks=20):
     """A report as `EquilibrationCheck.report()` gives it, at T = 0.1."""
     def kind(mean):
