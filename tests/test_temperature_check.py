@@ -20,13 +20,14 @@ import keras_thermo as kt
 from keras_thermo import testing
 
 NUM_EXAMPLES, NUM_FEATURES, BATCH = 2000, 5, 1000
-# 21000 steps: the 1000-step warm-up, then 200 blocks of 100 steps. SGNHT's thermostat on six
-# weights oscillates with a period of a few thousand steps, so a verdict on T needs several
-# periods (on 2000 steps after the warm-up the kinetic temperature is 0.57-0.68 +- 0.05, a phase
-# of the oscillation), and the check's resolution gate (a band within 0.25 T) needs the kinetic
-# temperature's error below ~0.09 T: at 11000 steps one seed in three was still undetermined.
+# 201000 steps: the 1000-step warm-up, then 2000 blocks of 100 steps. A run passes only on its
+# configurational temperature (the thermostat holds the kinetic one at T), and here that figure
+# is noisy: -theta . F weighs the force by weights far from 0 (the posterior mean), and at
+# 21000 steps its band was wider than the resolution gate's 0.25 T on all three seeds (the
+# verdict undetermined). SGNHT's thermostat on six weights also oscillates with a period of a
+# few thousand steps, so a verdict needs many periods.
 # The cold run is far from T at once: 3000 steps.
-STEPS_AT_T, STEPS_COLD, STEPS_PER_EPOCH = 21_000, 3_000, 1000
+STEPS_AT_T, STEPS_COLD, STEPS_PER_EPOCH = 201_000, 3_000, 1000
 SEEDS = [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)]
 
 
