@@ -279,7 +279,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
             if report["equilibrated"] is False and self.warn == "end":
                 self._warned = True
                 warnings.warn(self._describe_failures(report), UserWarning, stacklevel=2)
-            elif never_at_t(report, self.min_blocks):
+            elif never_at_t(report, self.min_blocks) or unsettled(report, self.min_blocks):
                 self._warned = True
                 warnings.warn(f"EquilibrationCheck: {summary(report)}", UserWarning, stacklevel=2)
 
@@ -390,8 +390,9 @@ class EquilibrationCheck(keras.callbacks.Callback):
         return int(used[drop])
 
     def report(self) -> dict[str, Any]:
-        """The current figures: `equilibrated` (True, False, or None while pending),
-        `equilibration_step`, `num_blocks` after the burn-in, `temperature`, and for `overall`
+        """The current figures: `equilibrated` (True, False, or None while pending or while the
+        whole net's configurational temperature is unresolved), `equilibration_step`,
+        `num_blocks` after the burn-in, `pending` (fewer than `min_blocks`), `temperature`, and for `overall`
         and each entry of `variables` the `mean`, `standard_error` and `in_band` of each kind."""
         temperature = self._temperature() if self.model is not None or self.temperature is not None else math.nan
         first, last, weights, sums = self._columns()
@@ -423,15 +424,10 @@ class EquilibrationCheck(keras.callbacks.Callback):
                 for k, kind in enumerate(KINDS)
             }
 
-        # Any resolved comparison out of band makes the run not at T; passing needs the whole
-        # net's configurational temperature resolved: a thermostat holds the kinetic one at T by
-        # construction, so a kinetic comparison alone cannot say the positions are at T.
-        if pending:
-            verdict = None
-        elif not np.all(in_band[resolved]):
-            verdict = False
-        else:
-            verdict = True if resolved[CONFIGURATIONAL, 0] else None
+        # Any resolved comparison out of band fails the run; passing needs the whole net's
+        # configurational temperature resolved (a thermostat holds the kinetic one at T anyway).
+        verdict = None if pending else False if not np.all(in_band[resolved]) else (
+            True if resolved[CONFIGURATIONAL, 0] else None)
         # Blocks past the warm-up or ramp in which no step counted: a tempering sampler off its
         # plateau for the whole block (TACT-HMC's steps count only where theta is at T).
         countable = weights[self._first_countable_block(first):]
@@ -439,6 +435,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
             "equilibrated": verdict,
             "equilibration_step": int(first[drop] - 1) if drop < len(first) else (int(last[-1]) if len(last) else 0),
             "num_blocks": num_blocks,
+            "pending": pending,  # fewer than `min_blocks` blocks after the burn-in
             "num_blocks_without_steps_at_t": int(np.count_nonzero(countable == 0)),
             "temperature": temperature,
             # Whether the sampler removes the gradient noise's heat itself (CCAdL, mCCAdL): `cause`
@@ -568,8 +565,20 @@ def summary(report: dict[str, Any]) -> str:
                 "steps count only where theta is at T (TACT-HMC: its tempering variable xi on the plateau "
                 "|xi| <= xi0), and it takes samples only there: this run stayed off it and took none. Run "
                 "longer, or sample with a sampler that does not temper (SGNHT, CCAdL).")
-    return (f"undetermined at T={temperature:g} ({figures}; {report['num_blocks']} blocks after step "
-            f"{report['equilibration_step']}): too few blocks, or errors too wide, to tell; run longer.")
+    head = (f"undetermined at T={temperature:g} ({figures}; {report['num_blocks']} blocks after step "
+            f"{report['equilibration_step']})")
+    if not report.get("pending", True) and report["overall"]["configurational"]["in_band"] is None:
+        return (head + ": the whole net's configurational temperature is still too unsettled to tell whether "
+                "the positions are at T (the kinetic temperature cannot: a thermostat holds it at T whatever "
+                "the positions do); run longer.")
+    return head + ": too few blocks, or errors too wide, to tell; run longer."
+
+
+def unsettled(report: dict[str, Any], min_blocks: int) -> bool:
+    """Whether a run with `min_blocks` blocks after its burn-in is undetermined for an unresolved
+    whole-net configurational temperature: nothing out of band, nothing that shows T either."""
+    return (report["equilibrated"] is None and not report.get("pending", True) and report["num_blocks"] >= min_blocks
+            and report["overall"]["configurational"]["in_band"] is None)
 
 
 def never_at_t(report: dict[str, Any], min_blocks: int) -> bool:
