@@ -227,7 +227,7 @@ def summary(runs: list[dict]) -> list[str]:
         for r in (r for r in runs if r["sampler"] == sampler):
             value, base = r.get(key), reference.get(r.get("seed", 0))
             if value is None:
-                cells.append(f"seed {r.get('seed', 0)}: {r['error'] or 'no samples'}")
+                cells.append(f"seed {r.get('seed', 0)}: {r.get('error') or 'no samples'}")
             else:
                 ratio = f" ({value / base:.2f}x SGNHT)" if base and sampler != "sgnht" else ""
                 cells.append(f"seed {r.get('seed', 0)}: {value:.4f}{ratio}{final_temperatures(r)}")

@@ -287,7 +287,7 @@ def markdown(payload: dict) -> str:
         "| network | h | sampler | warm-up | seed | steps | steps to T | at the end: whole net; every variable (MSER burn-in) | kinetic T, last half | configurational T, last half |",
         "|---|---:|---|---|---:|---:|---:|---|---:|---:|",
     ]
-    words = {True: "at T", False: "not at T", None: "pending"}
+    words = {True: "at T", False: "not at T", None: "undetermined"}
     for r in payload["runs"]:
         half = r["last_half"]
         rows = r["trace"]["rows"]

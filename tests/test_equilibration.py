@@ -193,8 +193,8 @@ def test_a_kinetic_temperature_held_at_t_does_not_pass_positions_the_check_canno
     the configurational temperature too unsettled to resolve (its band wider than `max_band T`),
     the run is undetermined and linked recording waits; before, a kinetic temperature in band
     and an unresolved configurational one passed the run and started the average, which the
-    benchmark runner then reported as started "at T" from a chain whose configurational
-    temperature read a quarter of T. Resolved and in band, the same kinetic figures pass."""
+    benchmark runner then reported as started "at T" from a chain far colder than T. Resolved
+    and in band, the same kinetic figures pass."""
     rng = np.random.default_rng(0)
     kinetic = 1.0 + 0.002 * rng.standard_normal(20)
     unsettled = np.where(np.arange(20) % 2 == 0, 0.2, 1.4) + 0.05 * rng.standard_normal(20)

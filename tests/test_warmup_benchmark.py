@@ -31,7 +31,7 @@ def test_linear_regression_runs_write_every_field(tmp_path):
     # Without a warm-up the second half is judged; inside the warm-up no step counts.
     assert before["last_half"]["kinetic"]["mean"] > 0 and after["last_half"]["kinetic"]["mean"] is None
     table = warmup.markdown(payload).splitlines()
-    assert len(table) == 4 and "| linear | 0.001 | sgnht | none | 0 | 200 | not within 200 | pending; pending" in table[2]
+    assert len(table) == 4 and "| linear | 0.001 | sgnht | none | 0 | 200 | not within 200 | undetermined; undetermined" in table[2]
     assert table[3].endswith("| - | - |")
 
 
