@@ -41,7 +41,6 @@ from keras_thermo._validation import check_bool, check_int, check_non_negative, 
 
 KINETIC, CONFIGURATIONAL = 0, 1
 KINDS = ("kinetic", "configurational")
-CONFIGURATIONAL = KINDS.index("configurational")
 
 
 # --- in-graph sums ------------------------------------------------------------------------------
@@ -102,15 +101,16 @@ class EquilibrationCheck(keras.callbacks.Callback):
     samplers that temper theta (TACT-HMC) only the steps at T (on the plateau) count.
 
     Epoch logs gain `equilibrated` (1 in band, 0 out of band, NaN while fewer than
-    `min_blocks` blocks follow the burn-in), `equilibration_step`, `mean_kinetic_temperature`
+    `min_blocks` blocks follow the burn-in or while the whole net's configurational temperature
+    is unresolved), `equilibration_step`, `mean_kinetic_temperature`
     and `mean_configurational_temperature`. The first verdict out of band warns once, naming
     the variables and figures. With `log_dir`, each block's means per variable go to
     TensorBoard under `temperature/<kind>/<variable>` (run `temperatures`), with the custom
     scalars layout of `keras_thermo.dashboard`.
 
     Give it to a `PosteriorAverage` or `SampleCollector` as `burn_in_steps=check` to start
-    recording at the first block boundary where both temperatures of the whole net are in band
-    (`equilibrated_at_step`), or at `max_burn_in_steps` if that comes first; never before a
+    recording at the first block boundary where the whole net's configurational temperature is
+    resolved and in band and its kinetic one not out of band (`equilibrated_at_step`), or at `max_burn_in_steps` if that comes first; never before a
     temperature schedule's T settles (`TemperatureSchedule.constant_from_step`, the end of a
     `TemperatureRamp`), since until then the chain does not sample the target posterior.
 

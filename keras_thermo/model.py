@@ -106,7 +106,8 @@ class BayesianModel(SamplingStep, kt_chains.ChainWeights, keras.Model):
         temperature_check: True (default): every `fit` without an `EquilibrationCheck` among its
             callbacks runs a default one (`keras_thermo.equilibration.default_check`, kept from
             one `fit` to the next): its verdict goes to the epoch logs and History
-            (`equilibrated`: 1 at T, 0 not, NaN while the run is too short to judge) and, when
+            (`equilibrated`: 1 at T, 0 not, NaN while the run is too short to judge or its
+            configurational temperature too unsettled) and, when
             the run ends out of band, a warning says so in plain words with the likely cause;
             `SampleCollector` and `PosteriorAverage` then warn that their samples come from a
             chain that is not at T. False turns it off.
