@@ -295,7 +295,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
             logs["mean_configurational_temperature"] = report["overall"]["configurational"]["mean"]
         if report["equilibrated"] is False and self.warn == "epoch" and not self._warned:
             self._warned = True
-            warnings.warn(self._describe_failures(report), UserWarning, stacklevel=2)
+            warnings.warn(self._describe_failures(report, provisional=True), UserWarning, stacklevel=2)
 
     # accumulation ------------------------------------------------------------------------
 
@@ -448,14 +448,17 @@ class EquilibrationCheck(keras.callbacks.Callback):
             ],
         }
 
-    def _describe_failures(self, report: dict[str, Any]) -> str:
+    def _describe_failures(self, report: dict[str, Any], provisional: bool = False) -> str:
         temperature = report["temperature"]
+        so_far = ("So far the run is not sampling at its temperature (checked again at every epoch's end; the final "
+                  "verdict goes to History's `equilibrated` and the check's report): " if provisional else
+                  "The run is not sampling at its temperature: ")
         lines = [
             f"{kind} temperature of {where}: {figure['mean']:.4g} +- {figure['standard_error']:.2g} (T = {temperature:g})"
             for where, kind, figure in misses(report)
         ]
         return (
-            "The run is not sampling at its temperature: its samples do not follow the posterior "
+            so_far + "its samples do not follow the posterior "
             f"it was asked for. After step {report['equilibration_step']} ({report['num_blocks']} "
             f"blocks of {self.block_steps} steps): " + "; ".join(lines) + ". "
             + cause(report, corrects_noise=self._corrects_noise)

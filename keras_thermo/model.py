@@ -55,7 +55,7 @@ class BayesianModel(SamplingStep, kt_chains.ChainWeights, keras.Model):
         sampler: A `keras_thermo.samplers.Sampler` (or a name / config for
             `keras_thermo.samplers.get`).
         num_examples: N, the number of training examples; the potential is `N * mean loss`.
-            None takes N from the first `fit`: the rows it trains on (arrays, less
+            None (the default) takes N from the first `fit`: the rows it trains on (arrays, less
             `validation_split`; a finite pipeline of fixed-size batches). `fit` warns when a
             given N disagrees with the rows it trains on.
             Keras' mean reductions average over every element of the loss, not only over the
@@ -130,7 +130,7 @@ class BayesianModel(SamplingStep, kt_chains.ChainWeights, keras.Model):
         self,
         net: keras.Model,
         sampler,
-        num_examples: int | None,
+        num_examples: int | None = None,
         prior: kt_priors.Prior | None = None,
         temperature: float = 1.0,
         seed: int | None = None,

@@ -100,6 +100,13 @@ def test_num_examples_none_takes_the_training_rows():
         _ = model.likelihood_weight
     model.fit(x, y, batch_size=10, epochs=1, validation_split=0.2, verbose=0)
     assert model.num_examples == 40 and model.get_config()["num_examples"] == 40
+    # It is the default: a user who leaves it out gets the same.
+    keras.utils.set_random_seed(0)
+    net = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    default = kt.BayesianModel(net, kt.samplers.SGHMC(1e-3), seed=0)
+    default.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    default.fit(x, y, batch_size=10, epochs=1, validation_split=0.2, verbose=0)
+    assert default.num_examples == 40
 
 
 def test_class_weight_warns_that_the_target_is_reweighted():
