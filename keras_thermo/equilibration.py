@@ -110,7 +110,8 @@ class EquilibrationCheck(keras.callbacks.Callback):
 
     Give it to a `PosteriorAverage` or `SampleCollector` as `burn_in_steps=check` to start
     recording at the first block boundary where the whole net's configurational temperature is
-    resolved and in band and its kinetic one not out of band (`equilibrated_at_step`), or at `max_burn_in_steps` if that comes first; never before a
+    resolved and in band and its kinetic one not out of band (`equilibrated_at_step`), or at
+    `max_burn_in_steps` if that comes first; never before a
     temperature schedule's T settles (`TemperatureSchedule.constant_from_step`, the end of a
     `TemperatureRamp`), since until then the chain does not sample the target posterior.
 
@@ -279,7 +280,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
             if report["equilibrated"] is False and self.warn == "end":
                 self._warned = True
                 warnings.warn(self._describe_failures(report), UserWarning, stacklevel=2)
-            elif never_at_t(report, self.min_blocks) or unsettled(report, self.min_blocks):
+            elif never_at_t(report, self.min_blocks) or unsettled(report):
                 self._warned = True
                 warnings.warn(f"EquilibrationCheck: {summary(report)}", UserWarning, stacklevel=2)
 
@@ -570,17 +571,16 @@ def summary(report: dict[str, Any]) -> str:
                 "longer, or sample with a sampler that does not temper (SGNHT, CCAdL).")
     head = (f"undetermined at T={temperature:g} ({figures}; {report['num_blocks']} blocks after step "
             f"{report['equilibration_step']})")
-    if not report.get("pending", True) and report["overall"]["configurational"]["in_band"] is None:
+    if unsettled(report):
         return (head + ": the whole net's configurational temperature is still too unsettled to tell whether "
                 "the positions are at T (the kinetic temperature cannot: a thermostat holds it at T whatever "
                 "the positions do); run longer.")
     return head + ": too few blocks, or errors too wide, to tell; run longer."
 
 
-def unsettled(report: dict[str, Any], min_blocks: int) -> bool:
-    """Whether a run with `min_blocks` blocks after its burn-in is undetermined for an unresolved
-    whole-net configurational temperature: nothing out of band, nothing that shows T either."""
-    return (report["equilibrated"] is None and not report.get("pending", True) and report["num_blocks"] >= min_blocks
+def unsettled(report: dict[str, Any]) -> bool:
+    """Whether a run past its pending blocks is undetermined for want of a resolved configurational T."""
+    return (report["equilibrated"] is None and not report.get("pending", True)
             and report["overall"]["configurational"]["in_band"] is None)
 
 

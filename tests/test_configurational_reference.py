@@ -14,8 +14,9 @@ def test_the_rebuilt_forces_give_the_loops_potential_gradient_and_the_reference_
     assert row["steps_after_warmup"] == 2000
     for name in ("origin", "reference"):
         assert np.isfinite(row[name]["mean"]) and row[name]["standard_error"] > 0
-    # Both estimate the same T = 1; about the reference the error is several times smaller.
-    assert abs(row["reference"]["mean"] - 1.0) < 4 * row["reference"]["standard_error"] + 0.05
+    # Both estimate the same T = 1 (4 batch-means errors: a 1e-4 two-sided normal tail); about the
+    # reference the error is several times smaller (about 1 if the reference did nothing).
+    assert abs(row["reference"]["mean"] - 1.0) < 4 * row["reference"]["standard_error"]
     assert row["error_ratio"] > 3.0
 
 

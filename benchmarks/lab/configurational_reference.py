@@ -106,6 +106,10 @@ def main(argv=None):
     parser.add_argument("--block", type=int, default=100)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    if args.chains < 1:
+        parser.error(f"--chains must be a positive integer, got {args.chains}")
+    if args.block < 1:
+        parser.error(f"--block must be a positive integer, got {args.block}")
     if args.steps <= WARMUP + 2 * args.block:
         parser.error(f"--steps must exceed the warm-up ({WARMUP}) by at least two blocks, got {args.steps}")
     rows = run(args.chains, args.steps, args.block)

@@ -108,6 +108,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.minibatches < 2:
         parser.error(f"--minibatches must be at least 2, got {args.minibatches}")
+    if min(args.at_steps) < 1:
+        parser.error(f"--at-steps must be positive step counts, got {args.at_steps}")
     runs = []
     for problem in args.problems:
         for sampler in args.samplers:
