@@ -39,8 +39,19 @@ from keras_thermo._distribute import replica_local_variable
 from keras_thermo.block_statistics import batch_means, critical_value, merge_correlated_blocks, mser_truncation
 from keras_thermo._validation import check_bool, check_int, check_non_negative, check_number, check_positive
 
-KINETIC, CONFIGURATIONAL = 0, 1
-KINDS = ("kinetic", "configurational")
+# The verdict in words lives in `temperature_advice`; its names are this module's too.
+from keras_thermo.temperature_advice import (  # noqa: F401
+    CONFIGURATIONAL,
+    KINDS,
+    KINETIC,
+    cause,
+    furthest_miss,
+    misses,
+    never_at_t,
+    sampler_traits,
+    summary,
+    unsettled,
+)
 
 
 # --- in-graph sums ------------------------------------------------------------------------------
@@ -170,7 +181,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
             burn_in_steps = check_int("burn_in_steps", burn_in_steps, low=0)
         self.burn_in_steps = burn_in_steps
         self._sampler_hint = ""
-        self._corrects_noise = self._per_variable_thermostat = False
+        self._traits = sampler_traits(None)
         self.block_steps = check_int("block_steps", block_steps, low=1)
         self.min_blocks = check_int("min_blocks", min_blocks, low=2)
         self.confidence = check_number("confidence", confidence, low=0.0, high=1.0, high_inclusive=False)
@@ -229,8 +240,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
         hint = getattr(model.sampler, "not_at_temperature_hint", "")
         self._sampler_hint = f"{hint} " if hint else ""
         # Advice that names what the run already uses is left out of the warning.
-        self._corrects_noise = bool(getattr(model.sampler, "needs_per_example_gradients", False))
-        self._per_variable_thermostat = bool(getattr(model.sampler, "per_variable_thermostat", False))
+        self._traits = sampler_traits(model.sampler)
         return self.recorder
 
     def link(self, callback) -> None:
@@ -441,7 +451,8 @@ class EquilibrationCheck(keras.callbacks.Callback):
             "temperature": temperature,
             # Whether the sampler removes the gradient noise's heat itself (CCAdL, mCCAdL): `cause`
             # then does not advise one.
-            "sampler_corrects_noise": self._corrects_noise,
+            "sampler_corrects_noise": self._traits["corrects_noise"],
+            "sampler": dict(self._traits),  # what `cause` advises from (`sampler_traits`)
             "overall": entry(0),
             "variables": [
                 {"name": name, "size": int(size), **entry(i + 1)}
@@ -462,11 +473,7 @@ class EquilibrationCheck(keras.callbacks.Callback):
             so_far + "its samples do not follow the posterior "
             f"it was asked for. After step {report['equilibration_step']} ({report['num_blocks']} "
             f"blocks of {self.block_steps} steps): " + "; ".join(lines) + ". "
-            + cause(report, corrects_noise=self._corrects_noise)
-            + ("" if self._per_variable_thermostat else
-               " The papers' single thermostat (SGNHT, CCAdL, mCCAdL) holds the whole net's kinetic "
-               "temperature, not each layer's: per_variable_thermostat=True gives each trainable tensor its own.")
-            + " " + self._sampler_hint +
+            + cause(report) + " " + self._sampler_hint +
             "(keras_thermo.equilibration.EquilibrationCheck; BayesianModel(temperature_check=False) "
             "turns the default check off.)"
         )
@@ -486,109 +493,6 @@ class EquilibrationCheck(keras.callbacks.Callback):
             "max_burn_in_steps": self.max_burn_in_steps,
             "per_variable": self.per_variable,
         }
-
-
-def misses(report: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """`(where, kind, figure)` of every comparison `report` finds out of band, the whole net's
-    first (`where`: "the whole net" or a variable's quoted name)."""
-    entries = [("the whole net", report["overall"])] + [(repr(v["name"]), v) for v in report.get("variables", [])]
-    return [(where, kind, entry[kind]) for where, entry in entries for kind in KINDS if entry[kind]["in_band"] is False]
-
-
-def furthest_miss(report: dict[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
-    """The entry of `misses` furthest from T, or None when no comparison is out of band."""
-    return max(misses(report), key=lambda miss: abs(miss[2]["mean"] - report["temperature"]), default=None)
-
-
-def cause(report: dict[str, Any], *, corrects_noise: bool | None = None) -> str:
-    """Why a run that `report` finds out of band is off T, from the comparison furthest out of
-    band (the whole net's or one variable's; without one, the whole net's configurational
-    temperature): cold (still descending, or a thermostat holding the start's energy) or hot (a
-    step too long for the curvature or the gradient noise), and what to change.
-    `corrects_noise`: the run's sampler already removes the gradient noise's heat (CCAdL,
-    mCCAdL), so the advice for a hot run does not suggest one (None: as the report says)."""
-    if corrects_noise is None:
-        corrects_noise = bool(report.get("sampler_corrects_noise", False))
-    temperature = report["temperature"]
-    miss = furthest_miss(report)
-    if miss is None:
-        where, figure, mean = "", None, report["overall"][KINDS[CONFIGURATIONAL]]["mean"]
-    else:
-        where, kind, figure = miss
-        mean = figure["mean"]
-        where = (f" (furthest off: the {kind} temperature of {where}, {mean:.3g} +- "
-                 f"{figure['standard_error']:.2g} for T = {temperature:g})")
-    if mean < temperature:
-        return (
-            f"The chain runs cold{where}: it is still descending from its start, or a thermostat "
-            "soaked up the start's energy and has not given it back. Run longer, or give the "
-            "sampler a longer warm-up (warmup_steps)."
-        )
-    if corrects_noise:
-        return (
-            f"The chain runs hot{where}, a sign that the step is too long for the curvature or the "
-            "gradient noise: this sampler already removes the noise's heat from the momentum, so "
-            "reduce step_size (or increase friction)."
-        )
-    return (
-        f"The chain runs hot{where}, a sign that the step is too long for the curvature or the "
-        "gradient noise: reduce step_size, increase friction, or use a sampler that "
-        "corrects for gradient noise (CCAdL, mCCAdL)."
-    )
-
-
-def summary(report: dict[str, Any]) -> str:
-    """One plain line on an `EquilibrationCheck.report()` (or `model.temperature_report()`):
-    whether the whole net is at T, with its mean kinetic and configurational temperatures after
-    the burn-in (+- batch-means error; "unresolved" for one whose band is wider than
-    `max_band * T`), and for a run out of band the `cause`.
-
-    Example:
-        >>> summary(model.temperature_report())  # doctest: +SKIP
-        'at T=1 (kinetic 1.00 +- 0.01, configurational 0.98 +- 0.03; in band from step 1200)'
-    """
-    temperature = report["temperature"]
-
-    def figure(kind: str) -> str:
-        entry = report["overall"][kind]
-        if not math.isfinite(entry["mean"]):
-            return f"{kind} n/a"
-        text = f"{kind} {entry['mean']:.3g} +- {entry['standard_error']:.2g}"
-        return text + (" unresolved" if entry["in_band"] is None else "")
-
-    figures = ", ".join(figure(kind) for kind in KINDS)
-    verdict = report["equilibrated"]
-    if verdict is True:
-        return f"at T={temperature:g} ({figures}; in band from step {report['equilibration_step']})"
-    if verdict is False:
-        return (f"NOT at T={temperature:g} ({figures}; after step {report['equilibration_step']}). "
-                + cause(report))
-    if report["num_blocks"] == 0 and report.get("num_blocks_without_steps_at_t", 0):
-        return (f"undetermined at T={temperature:g}: none of the {report['num_blocks_without_steps_at_t']} "
-                f"blocks after step {report['equilibration_step']} had a step at T. A tempering sampler's "
-                "steps count only where theta is at T (TACT-HMC: its tempering variable xi on the plateau "
-                "|xi| <= xi0), and it takes samples only there: this run stayed off it and took none. Run "
-                "longer, or sample with a sampler that does not temper (SGNHT, CCAdL).")
-    head = (f"undetermined at T={temperature:g} ({figures}; {report['num_blocks']} blocks after step "
-            f"{report['equilibration_step']})")
-    if unsettled(report):
-        return (head + ": the whole net's configurational temperature is still too unsettled to tell whether "
-                "the positions are at T (the kinetic temperature cannot: a thermostat holds it at T whatever "
-                "the positions do); run longer.")
-    return head + ": too few blocks, or errors too wide, to tell; run longer."
-
-
-def unsettled(report: dict[str, Any]) -> bool:
-    """Whether a run past its pending blocks is undetermined for want of a resolved configurational T."""
-    return (report["equilibrated"] is None and not report.get("pending", True)
-            and report["overall"]["configurational"]["in_band"] is None)
-
-
-def never_at_t(report: dict[str, Any], min_blocks: int) -> bool:
-    """Whether a run has had at least `min_blocks` blocks past its warm-up and not one step at
-    T in any of them (a tempering sampler that never came back to its plateau): no verdict can
-    come, and no sample either."""
-    return report["num_blocks"] == 0 and report.get("num_blocks_without_steps_at_t", 0) >= min_blocks
 
 
 def default_check() -> EquilibrationCheck:

@@ -532,13 +532,17 @@ class SamplingStep:
                 f"{terms['momentum']:.4g} (keras_thermo.samplers.units.to_learning_rate)."
             )
         advice = f"try step_size={h / 4:.3g} (a quarter)" if fixed else "lower the step-size schedule"
+        # A sampler that heats theta on purpose (TACT-HMC's tempering) names that first when theta
+        # was above T at the collapse.
+        hint = getattr(self.sampler, "collapse_hint", None)
+        hint = hint(self.sampler_state()) if hint is not None else ""
         return (
             f"Sampler {type(self.sampler).__name__} collapsed by step {step}: the net now predicts the "
             "same output for every example of a batch whose inputs differ (a ReLU layer inactive "
             "on the whole batch, or a saturated layer), after its outputs had differed; such a "
             "chain has lost what it learned and rarely comes back. The model holds the state it "
-            f"reached. Likely cause: step_size={f'{h:.4g}' if fixed else repr(h)} is too large for this "
-            f"net and data size.{sgd} "
+            f"reached. {hint}{'Otherwise' if hint else 'Likely cause'}: "
+            f"step_size={f'{h:.4g}' if fixed else repr(h)} is too large for this net and data size.{sgd} "
             f"Restart from a fresh net and {advice}, or increase friction."
         )
 

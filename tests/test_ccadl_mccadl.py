@@ -538,15 +538,16 @@ def test_ccadl_divergence_error_names_a_step_size_that_works():
 
 
 
-def _failure_messages(samplers: dict, configurational: float) -> dict:
+def _failure_messages(samplers: dict, configurational: float, kinetic: float = 1.0, variables=()) -> dict:
     """The temperature check's warning text for a run of each sampler whose whole net reads
-    `configurational` (kinetic at T), by label."""
+    `configurational` and `kinetic`, with the report's per-variable entries `variables`, by label."""
     from keras_thermo.equilibration import EquilibrationCheck
 
     report = {"temperature": 1.0, "equilibration_step": 100, "num_blocks": 10,
-              "overall": {"kinetic": {"mean": 1.0, "standard_error": 0.01, "in_band": True},
-                          "configurational": {"mean": configurational, "standard_error": 0.01, "in_band": False}},
-              "variables": []}
+              "overall": {"kinetic": {"mean": kinetic, "standard_error": 0.01, "in_band": abs(kinetic - 1.0) < 0.05},
+                          "configurational": {"mean": configurational, "standard_error": 0.01,
+                                              "in_band": abs(configurational - 1.0) < 0.05}},
+              "variables": list(variables)}
     messages = {}
     for label, sampler in samplers.items():
         x, y = testing.linear_regression_data(32, 2, seed=0)
@@ -555,7 +556,7 @@ def _failure_messages(samplers: dict, configurational: float) -> dict:
         model.fit(x, y, batch_size=32, epochs=1, verbose=0)
         check = EquilibrationCheck(warn=False)
         check.attach(model)
-        messages[label] = check._describe_failures(report)
+        messages[label] = check._describe_failures({**report, "sampler": check.report()["sampler"]})
     return messages
 
 
@@ -567,16 +568,35 @@ def test_the_temperature_warning_names_the_averaged_covariance_for_mccadl_with_t
 
 
 def test_the_warning_does_not_advise_what_the_run_already_uses():
-    messages = _failure_messages({"sgnht": SGNHT(1e-3), "mccadl": MCCAdL(1e-3),
-                                  "mccadl_per_tensor": MCCAdL(1e-3, per_variable_thermostat=True)}, configurational=1.2)
+    samplers = {"sgnht": SGNHT(1e-3), "sgnht_symmetric": SGNHT(1e-3, integrator="symmetric"), "mccadl": MCCAdL(1e-3),
+                "mccadl_per_tensor": MCCAdL(1e-3, per_variable_thermostat=True), "sghmc": kt.samplers.SGHMC(1e-3)}
     suggests_noise_samplers = "use a sampler that corrects for gradient noise (CCAdL, mCCAdL)"
-    assert suggests_noise_samplers in messages["sgnht"] and "per_variable_thermostat=True gives" in messages["sgnht"]
+    per_tensor = "per_variable_thermostat=True gives each trainable tensor its own thermostat"
+    second_order = "take a second-order step (SGNHT(integrator='symmetric'), mCCAdL)"
+    # Both temperatures hot: a step too long for the curvature or the noise.
+    messages = _failure_messages(samplers, configurational=1.2, kinetic=1.2)
+    assert suggests_noise_samplers in messages["sgnht"] and suggests_noise_samplers in messages["sghmc"]
     assert suggests_noise_samplers not in messages["mccadl"] and "reduce step_size" in messages["mccadl"]
-    assert "per_variable_thermostat=True gives" in messages["mccadl"]
-    assert "per_variable_thermostat=True gives" not in messages["mccadl_per_tensor"]
+    # The positions hot with the momenta at T: the step's own error; a second-order step where the
+    # run's is first order (SGNHT's Euler step), not where it already is one.
+    messages = _failure_messages(samplers, configurational=1.2)
+    for label, message in messages.items():
+        assert "positions run hotter than its momenta" in message and "reduce step_size" in message, label
+        assert (second_order in message) == (label in ("sgnht", "sghmc")), label
+        assert per_tensor not in message and suggests_noise_samplers not in message, label
+    # One tensor's momenta hot while the whole net's are held at T: one thermostat per tensor,
+    # for the samplers with the papers' single thermostat only (SGHMC has none).
+    logits = {"name": "net/logits/kernel", "size": 500,
+              "kinetic": {"mean": 1.3, "standard_error": 0.01, "in_band": False},
+              "configurational": {"mean": 1.31, "standard_error": 0.01, "in_band": False}}
+    messages = _failure_messages(samplers, configurational=1.02, variables=[logits])
+    for label, message in messages.items():
+        assert "the kinetic temperature of 'net/logits/kernel'" in message or "configurational temperature of 'net/logits" in message
+        assert (per_tensor in message) == (label in ("sgnht", "sgnht_symmetric", "mccadl")), label
+    assert suggests_noise_samplers in messages["sgnht"] and suggests_noise_samplers not in messages["mccadl"]
     # The one-line summary of a report (the demo's lines) reads the same from the report itself.
     hot = {"temperature": 1.0, "equilibrated": False, "equilibration_step": 100, "num_blocks": 10,
-           "overall": {"kinetic": {"mean": 1.0, "standard_error": 0.01, "in_band": True},
+           "overall": {"kinetic": {"mean": 1.2, "standard_error": 0.01, "in_band": False},
                        "configurational": {"mean": 1.2, "standard_error": 0.01, "in_band": False}},
            "variables": []}
     assert suggests_noise_samplers in equilibration.summary(hot)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_thermo as kt
 from keras_thermo.step import COLLAPSED_RELATIVE_SPREAD, output_spread
@@ -73,3 +74,53 @@ def test_output_spread_is_relative_and_ignores_identical_rows():
     assert float(output_spread(x, np.array([[100.0, 1.0], [100.0, 3.0]], np.float32))) == pytest.approx(2.0 / 101.0)
     assert float(output_spread(x, np.array([[5.0], [5.0]], np.float32))) == 0.0
     assert np.isnan(float(output_spread(np.zeros((2, 1), np.float32), np.array([[1.0], [2.0]], np.float32))))
+
+
+class _KillHiddenLayerAtTheWall(_KillHiddenLayer):
+    """Kills the hidden layer as above, with TACT-HMC's tempering variable moved near its wall
+    (theta at about 8 T) or left where it is."""
+
+    def __init__(self, xi=None):
+        super().__init__()
+        self.xi = xi
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        if epoch == 0 and self.xi is not None:
+            # The state variables in the order of the sampler's typed state.
+            model = self.model
+            variables = tf.nest.pack_sequence_as(model._runtime.state_structure, model._state_variables)
+            variables.xi.assign(self.xi)
+            variables.xi_momentum.assign(0.0)
+
+
+def _tact_model(tempering=True):
+    keras.utils.set_random_seed(0)
+    net = keras.Sequential([
+        keras.Input((8,)), keras.layers.Dense(16, activation="relu", name="hidden"), keras.layers.Dense(CLASSES),
+    ])
+    sampler = kt.samplers.TACTHMC(1e-6, xi_step_size=1e-12, noise=0.1, xi_noise=0.1, thermal_inertia=1.0,
+                                  xi_thermal_inertia=1.0, sample_every=1, tempering=tempering)
+    model = kt.BayesianModel(net, sampler, num_examples=None, prior=kt.priors.Gaussian(std=1.0), seed=0)
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps_per_execution=4)
+    return model
+
+
+def test_a_tempered_collapse_names_the_tempering_and_an_untempered_one_the_step_size():
+    x, y = _data()
+    # xi near the wall (5/3 by default): theta at 1 + ((1.6 - 1/3) / (2/3))^3 = 7.9 T.
+    model = _tact_model()
+    with pytest.raises(kt.SamplerCollapsedError) as caught:
+        model.fit(x, y, batch_size=32, epochs=5, callbacks=[_KillHiddenLayerAtTheWall(1.6)], verbose=0)
+    message = str(caught.value)
+    assert "Likely cause: the tempering. Its tempering variable xi was at 1.6" in message, message
+    assert "theta runs at 7.86 T (up to 9 T at the wall" in message
+    assert "tempering=False" in message and "Otherwise: step_size=1e-06 is too large" in message
+    # On the plateau (and without tempering) theta is at T there: the step size is the cause named.
+    for tempering in (True, False):
+        model = _tact_model(tempering)
+        with pytest.raises(kt.SamplerCollapsedError) as caught:
+            model.fit(x, y, batch_size=32, epochs=5, callbacks=[_KillHiddenLayerAtTheWall(0.0 if tempering else None)],
+                      verbose=0)
+        message = str(caught.value)
+        assert "tempering" not in message and "Likely cause: step_size=1e-06 is too large" in message, message

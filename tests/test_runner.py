@@ -70,7 +70,13 @@ def test_task_configs_parse_and_convert_the_papers_units(task):
 def test_digits_config_parses():
     config = run.load_config(CONFIGS / "digits.yaml")
     assert config["data"]["dataset"] == "digits"
-    assert {m.get("sampler") for m in config["methods"].values()} >= {"sgnht", "mccadl", "tact_hmc"}
+    samplers = {m["sampler"]: m for m in config["methods"].values() if "sampler" in m}
+    assert set(samplers) == {"sgnht", "ccadl", "mccadl"}
+    # The demo's samplers run as the README's quick start does: every sampler argument at its
+    # default (automatic step size, friction following it), prior N(0, 1), T = 1.
+    for method in samplers.values():
+        assert not method.get("options") and method.get("temperature", 1.0) == 1.0 and method["prior_std"] == 1.0
+        assert run.build_sampler(method).get_config()["step_size"] == "auto"
     assert any(m.get("optimizer") == "adam" for m in config["methods"].values())
 
 

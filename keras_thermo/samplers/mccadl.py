@@ -220,6 +220,9 @@ class MCCAdL(ThermostatSampler):
     """
 
     name = "mccadl"
+
+    #: Its step is the symmetric BAODCDOAB splitting (second order).
+    symmetric_step = True
     needs_per_example_gradients = True
 
     def __init__(

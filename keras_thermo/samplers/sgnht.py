@@ -156,3 +156,8 @@ class SGNHT(ThermostatSampler):
 
     def get_config(self):
         return {**super().get_config(), "integrator": self.integrator}
+
+    @property
+    def symmetric_step(self) -> bool:
+        """Whether the step is the second-order symmetric splitting (`integrator="symmetric"`)."""
+        return self.integrator == "symmetric"

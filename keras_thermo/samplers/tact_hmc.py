@@ -305,6 +305,27 @@ class TACTHMC(Sampler):
         """`1 / lambda(wall)`: the hottest effective temperature, in units of T."""
         return 1.0 + ((self.wall - self.xi0) / (self.xi1 - self.xi0)) ** self.power
 
+    def collapse_hint(self, state) -> str:
+        """The likely cause of a collapsed net (`kt.SamplerCollapsedError`) when the tempering
+        had theta above T at that point (any chain's xi off the plateau), else "": theta ran at
+        `T / lambda(xi)`, hot enough to wipe out what the net had learned."""
+        if not self.tempering:
+            return ""
+        xi = float(np.max(np.abs(np.asarray(state.xi))))
+        factor = 1.0 / float(self.coupling(tf.constant(xi, tf.float64))[0])
+        if factor <= 1.0:
+            return ""
+        return (
+            f"Likely cause: the tempering. Its tempering variable xi was at {xi:.3g} (the plateau at T "
+            f"is |xi| <= {self.xi0:.3g}), where theta runs at {factor:.3g} T (up to "
+            f"{self.max_temperature_factor():.3g} T at the wall, |xi| = {self.wall:.3g}); a net that hot "
+            "loses what it learned. The adaptive biasing force holds xi off the wall only once its "
+            "bins have learned the potential at every temperature, which a potential that keeps "
+            "rising while theta heats outruns. Lower the hottest temperature (wall closer to "
+            f"xi1={self.xi1:.3g}, where it is 2 T), slow xi down (a smaller xi_step_size), or sample "
+            "without tempering (tempering=False). "
+        )
+
     def bin_edges(self) -> np.ndarray:
         """The `num_bins + 1` edges of the ABF bins over `[-wall, wall]`."""
         return np.linspace(-self.wall, self.wall, self.num_bins + 1)
