@@ -26,6 +26,8 @@ def sampler_traits(sampler) -> dict[str, Any]:
         {'corrects_noise': False, 'thermostat': 'one', 'symmetric_step': True}
     """
     per_variable = getattr(sampler, "per_variable_thermostat", None)
+    if getattr(sampler, "thermostat", True) is False:  # TACT-HMC's ablation without thermostats
+        per_variable = None
     return {
         "corrects_noise": bool(getattr(sampler, "needs_per_example_gradients", False)),
         "thermostat": None if per_variable is None else "per_variable" if per_variable else "one",
@@ -52,8 +54,9 @@ def cause(report: dict[str, Any], *, corrects_noise: bool | None = None) -> str:
     (`sampler_traits`):
 
     - cold: still descending from its start, or a thermostat holding the start's energy;
-    - hot momenta in one tensor while the papers' single thermostat holds the whole net's: that
-      tensor's gradient noise is stronger than the rest's (one thermostat per tensor);
+    - one tensor hot in both temperatures while the papers' single thermostat holds the whole
+      net's momenta at T: that tensor's gradient noise is stronger than the rest's (one
+      thermostat per tensor);
     - hot positions with momenta at T (configurational above kinetic by three standard errors):
       the step's own error in the stiffest directions, larger for a first-order step (a shorter
       step, or a second-order one);
@@ -83,17 +86,21 @@ def cause(report: dict[str, Any], *, corrects_noise: bool | None = None) -> str:
         )
     noise_samplers = "" if corrects_noise else ", or use a sampler that corrects for gradient noise (CCAdL, mCCAdL)"
     kinetic = entry["kinetic"]
-    momenta_hot = kinetic["in_band"] is False and kinetic["mean"] > temperature
-    net_held = report["overall"]["kinetic"]["in_band"] is not False  # the one thermostat holds the net's
-    if momenta_hot and entry is not report["overall"] and net_held and traits["thermostat"] == "one":
+    positions_above_momenta = _positions_above_momenta(entry, temperature)
+    # A tensor hot in both temperatures (its momenta out of band above T, or above T within a
+    # wide band with no resolved gap to its positions) while the papers' single thermostat holds
+    # the whole net's momenta at T: its own gradient noise is the likely source.
+    tensor_hot = kinetic["mean"] > temperature and (kinetic["in_band"] is False or not positions_above_momenta)
+    net_held = report["overall"]["kinetic"]["in_band"] is True
+    if tensor_hot and entry is not report["overall"] and net_held and traits["thermostat"] == "one":
         return (
-            f"The chain runs hot{where}: this tensor's momenta run hot (kinetic "
+            f"The chain runs hot{where}: this tensor's momenta run hot too (kinetic "
             f"{kinetic['mean']:.3g} +- {kinetic['standard_error']:.2g}) while the papers' single "
             "thermostat holds the whole net's kinetic temperature at T, so its gradient noise is "
-            "stronger than the rest of the net's. per_variable_thermostat=True gives each trainable "
-            f"tensor its own thermostat{noise_samplers}."
+            "likely stronger than the rest of the net's. per_variable_thermostat=True gives each "
+            f"trainable tensor its own thermostat{noise_samplers}."
         )
-    if _positions_above_momenta(entry, temperature):
+    if positions_above_momenta:
         second_order = ("" if traits["symmetric_step"] else
                         ", or take a second-order step (SGNHT(integrator='symmetric'), mCCAdL), whose error "
                         "at the same step is smaller")

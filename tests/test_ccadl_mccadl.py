@@ -590,6 +590,10 @@ def test_the_warning_does_not_advise_what_the_run_already_uses():
               "kinetic": {"mean": 1.3, "standard_error": 0.01, "in_band": False},
               "configurational": {"mean": 1.31, "standard_error": 0.01, "in_band": False}}
     messages = _failure_messages(samplers, configurational=1.02, variables=[logits])
+    # Hot in both temperatures within a wide kinetic band (no resolved gap): the same advice.
+    wide = {**logits, "kinetic": {"mean": 1.08, "standard_error": 0.025, "in_band": True},
+            "configurational": {"mean": 1.10, "standard_error": 0.015, "in_band": False}}
+    assert per_tensor in _failure_messages({"sgnht": SGNHT(1e-3)}, configurational=1.02, variables=[wide])["sgnht"]
     for label, message in messages.items():
         assert "the kinetic temperature of 'net/logits/kernel'" in message or "configurational temperature of 'net/logits" in message
         assert (per_tensor in message) == (label in ("sgnht", "sgnht_symmetric", "mccadl")), label

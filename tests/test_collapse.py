@@ -113,7 +113,7 @@ def test_a_tempered_collapse_names_the_tempering_and_an_untempered_one_the_step_
     with pytest.raises(kt.SamplerCollapsedError) as caught:
         model.fit(x, y, batch_size=32, epochs=5, callbacks=[_KillHiddenLayerAtTheWall(1.6)], verbose=0)
     message = str(caught.value)
-    assert "Likely cause: the tempering. Its tempering variable xi was at 1.6" in message, message
+    assert "Likely cause: the tempering. Its tempering variable xi is at 1.6 now" in message, message
     assert "theta runs at 7.86 T (up to 9 T at the wall" in message
     assert "tempering=False" in message and "Otherwise: step_size=1e-06 is too large" in message
     # On the plateau (and without tempering) theta is at T there: the step size is the cause named.

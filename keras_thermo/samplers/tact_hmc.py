@@ -307,7 +307,8 @@ class TACTHMC(Sampler):
 
     def collapse_hint(self, state) -> str:
         """The likely cause of a collapsed net (`kt.SamplerCollapsedError`) when the tempering
-        had theta above T at that point (any chain's xi off the plateau), else "": theta ran at
+        has theta above T where `fit` stopped (any chain's xi off the plateau: the state is read
+        at the end of the epoch in which the collapse was seen), else "": theta runs at
         `T / lambda(xi)`, hot enough to wipe out what the net had learned."""
         if not self.tempering:
             return ""
@@ -316,8 +317,9 @@ class TACTHMC(Sampler):
         if factor <= 1.0:
             return ""
         return (
-            f"Likely cause: the tempering. Its tempering variable xi was at {xi:.3g} (the plateau at T "
-            f"is |xi| <= {self.xi0:.3g}), where theta runs at {factor:.3g} T (up to "
+            f"Likely cause: the tempering. Its tempering variable xi is at {xi:.3g} now (the largest "
+            "|xi| of its chains when fit stopped, at the end of the epoch in which the net collapsed; "
+            f"the plateau at T is |xi| <= {self.xi0:.3g}), where theta runs at {factor:.3g} T (up to "
             f"{self.max_temperature_factor():.3g} T at the wall, |xi| = {self.wall:.3g}); a net that hot "
             "loses what it learned. The adaptive biasing force holds xi off the wall only once its "
             "bins have learned the potential at every temperature, which a potential that keeps "
