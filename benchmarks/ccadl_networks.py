@@ -8,7 +8,8 @@
   learned noise scale, batch 64, prior std 1, T = 1.
 
 Per run: the mean of each logged diagnostic (kinetic and configurational temperature, xi,
-noise_scale, step_size_limit for CCAdL) over each block of `--block` steps, and the test metric
+noise_scale, step_size_limit for CCAdL) over each block of `--block` steps, the verdict of the
+library's `EquilibrationCheck` (every variable judged, blocks of `--block` steps), and the test metric
 at the end (NLL of the posterior predictive mean on the digits' last 297 images, which are held
 out; RMSE of the posterior mean on the diabetes test rows, in standardised units, against the
 mean's 1.0), from samples every 10 steps after the warm-up.
@@ -85,12 +86,12 @@ def problem(name: str, seed: int = 0):
 
 
 SAMPLERS = {
-    "sgnht": lambda h, w: kt.samplers.SGNHT(step_size=h, friction=1.0, warmup_steps=w),
-    "ccadl": lambda h, w: kt.samplers.CCAdL(step_size=h, friction=1.0, warmup_steps=w),
+    "sgnht": lambda h, w, **kw: kt.samplers.SGNHT(step_size=h, friction=1.0, warmup_steps=w, **kw),
+    "ccadl": lambda h, w, **kw: kt.samplers.CCAdL(step_size=h, friction=1.0, warmup_steps=w, **kw),
     # `mccadl` is the paper's minibatch C step, as in the committed results; `mccadl-diag` the
     # library's default covariance (CCAdL's moving average, integrated exactly).
-    "mccadl": lambda h, w: kt.samplers.MCCAdL(step_size=h, friction=1.0, warmup_steps=w, covariance="minibatch"),
-    "mccadl-diag": lambda h, w: kt.samplers.MCCAdL(step_size=h, friction=1.0, warmup_steps=w, covariance="diag"),
+    "mccadl": lambda h, w, **kw: kt.samplers.MCCAdL(step_size=h, friction=1.0, warmup_steps=w, covariance="minibatch", **kw),
+    "mccadl-diag": lambda h, w, **kw: kt.samplers.MCCAdL(step_size=h, friction=1.0, warmup_steps=w, covariance="diag", **kw),
 }
 
 
@@ -114,28 +115,35 @@ class BlockLog(keras.callbacks.Callback):
 
 
 def run(name: str, sampler: str, step_size: float, steps: int, warmup: int, seed: int = 0, block: int = 100,
-        per_example_method: str | None = None) -> dict:
+        per_example_method: str | None = None, per_variable_thermostat: bool = False) -> dict:
     net, loss, x, y, x_test, y_test, batch_size = problem(name, seed)
     model_kwargs = {} if per_example_method is None else {"per_example_method": per_example_method}
+    sampler_kwargs = {"per_variable_thermostat": True} if per_variable_thermostat else {}
     model = kt.BayesianModel(
-        net, sampler=SAMPLERS[sampler](step_size, warmup), num_examples=len(x),
+        net, sampler=SAMPLERS[sampler](step_size, warmup, **sampler_kwargs), num_examples=len(x),
         prior=kt.priors.Gaussian(1.0), temperature=1.0, seed=seed, temperature_check=False, **model_kwargs,
     )
     model.compile(loss=loss, steps_per_execution=10)
     log = BlockLog(block)
     collector = kt.callbacks.SampleCollector(burn_in_steps=warmup, every_n_steps=10)
+    # The library's verdict on the run (every variable judged, blocks of `block` steps).
+    check = kt.callbacks.EquilibrationCheck(block_steps=block, warn=False)
     steps_per_epoch = int(np.ceil(len(x) / batch_size))
     epochs = int(np.ceil(steps / steps_per_epoch))
     start = time.perf_counter()
     error = None
     try:
-        model.fit(x, y, batch_size=batch_size, epochs=epochs, callbacks=[log, collector], verbose=0)
+        model.fit(x, y, batch_size=batch_size, epochs=epochs, callbacks=[log, collector, check], verbose=0)
     except Exception as exc:  # noqa: BLE001 (a diverged run is a result)
         error = f"{type(exc).__name__}: {exc}"
     result = {
         "problem": name, "sampler": sampler, "sampler_config": model.sampler.get_config(), "steps": int(model.sampler_step),
         "blocks": log.rows, "error": error, "seconds": time.perf_counter() - start,
     }
+    report = check.report()
+    result["temperature_check"] = {"equilibrated": report["equilibrated"],
+                                   "equilibration_step": report["equilibration_step"],
+                                   "summary": kt.equilibration.summary(report)}
     samples = None if model.sampler_step <= warmup else collector.samples
     count = 0 if samples is None else len(samples)
     result["num_samples"] = count
@@ -175,6 +183,8 @@ def main(argv=None):
     parser.add_argument("--block", type=int, default=100)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--per-example-method", default=None)
+    parser.add_argument("--per-variable-thermostat", action="store_true",
+                        help="one thermostat per trainable tensor (per_variable_thermostat=True) for every sampler")
     parser.add_argument("--out", default=None)
     parser.add_argument("--summarize", default=None, help="print the summary of a result file and exit")
     args = parser.parse_args(argv)
@@ -188,7 +198,7 @@ def main(argv=None):
     runs = []
     for seed, sampler in ((seed, sampler) for seed in args.seeds for sampler in args.samplers):
         result = run(args.problem, sampler, args.step_size, args.steps, args.warmup, seed, args.block,
-                     args.per_example_method)
+                     args.per_example_method, args.per_variable_thermostat)
         result["seed"] = seed
         runs.append(result)
         last = result["blocks"][-3:]
@@ -215,6 +225,15 @@ def final_temperatures(run: dict, blocks: int = 3) -> str:
     return f", T_kin {kinetic:.2f} / T_conf {configurational:.2f}"
 
 
+def verdict(run: dict) -> str:
+    """`, at T` / `, not at T` / `, undetermined`: the library check's verdict on the run (runs
+    recorded before the check was added have none: "")."""
+    check = run.get("temperature_check")
+    if not check:
+        return ""
+    return {True: ", at T", False: ", not at T"}.get(check["equilibrated"], ", undetermined")
+
+
 def summary(runs: list[dict]) -> list[str]:
     """One line per sampler: its test metric per seed (with the temperatures of its last three
     blocks) and, where SGNHT ran on the same seed, the ratio to SGNHT's (NLL for the classifiers,
@@ -230,7 +249,7 @@ def summary(runs: list[dict]) -> list[str]:
                 cells.append(f"seed {r.get('seed', 0)}: {r.get('error') or 'no samples'}")
             else:
                 ratio = f" ({value / base:.2f}x SGNHT)" if base and sampler != "sgnht" else ""
-                cells.append(f"seed {r.get('seed', 0)}: {value:.4f}{ratio}{final_temperatures(r)}")
+                cells.append(f"seed {r.get('seed', 0)}: {value:.4f}{ratio}{final_temperatures(r)}{verdict(r)}")
         values = [r.get(key) for r in runs if r["sampler"] == sampler]
         if values and None not in values:
             mean = float(np.mean(values))

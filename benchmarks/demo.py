@@ -112,7 +112,11 @@ def main(argv: list[str] | None = None) -> int:
                   + ("" if mutual is None else f", mutual information {mutual:.3f}"))
     lines = temperature_lines(results)
     if lines:
-        print("\nIs each sampler at its temperature T? (the EquilibrationCheck of every sampler run)")
+        print("\nIs each sampler at its temperature T? (the EquilibrationCheck of every sampler run, every weight "
+              "variable judged after the burn-in; the figures in brackets are the whole net's, the cause names the "
+              "variable furthest off; the averages above started where the whole net was first at T. What these "
+              "runs give at the library's defaults, and with the change each cause names: docs/benchmarks.md, "
+              "'The demo', and docs/temperature.md, 'What the warning advises'.)")
         for line in lines:
             print(f"  {line}")
     minutes = results["seconds"] / 60

@@ -207,8 +207,8 @@ class RecordingCallback(keras.callbacks.Callback):
             f"{type(self).__name__} recorded {self._recorded_this_fit} samples in this fit from a "
             f"chain that is not at its temperature (the {kind} temperature of {where}: "
             f"{figure['mean']:.4g} +- {figure['standard_error']:.2g} for T = {report['temperature']:g} "
-            "after the burn-in): its averages are not the posterior's. See the temperature "
-            "check's warning for the cause.",
+            "after the burn-in): its averages are not the posterior's. The likely cause and what to "
+            "change: the temperature check's warning, or keras_thermo.equilibration.summary of its report.",
             UserWarning,
             stacklevel=2,
         )

@@ -101,15 +101,18 @@ def cause(report: dict[str, Any], *, corrects_noise: bool | None = None) -> str:
             f"trainable tensor its own thermostat{noise_samplers}."
         )
     if positions_above_momenta:
+        # A second-order step where the run's is first order: mCCAdL for a sampler that already
+        # corrects the noise (CCAdL), SGNHT's symmetric step or mCCAdL otherwise.
+        alternatives = "mCCAdL" if corrects_noise else "SGNHT(integrator='symmetric'), mCCAdL"
+        first_order = "" if traits["symmetric_step"] else ", larger for this sampler's first-order step"
         second_order = ("" if traits["symmetric_step"] else
-                        ", or take a second-order step (SGNHT(integrator='symmetric'), mCCAdL), whose error "
-                        "at the same step is smaller")
+                        f", or take a second-order step ({alternatives}), whose error at the same step is smaller")
         return (
             f"The chain runs hot{where}: its positions run hotter than its momenta (configurational "
             f"{entry['configurational']['mean']:.3g} against kinetic {kinetic['mean']:.3g}, the "
-            "momenta at T), the error of the step itself in the "
-            "stiffest directions, larger for a first-order step: reduce step_size (and run as much "
-            f"longer: a shorter step relaxes more slowly){second_order}."
+            "momenta within their band of T), the error of the step itself in the stiffest "
+            f"directions{first_order}: reduce step_size (and run as much longer: a shorter step "
+            f"relaxes more slowly){second_order}."
         )
     if corrects_noise:
         return (
@@ -149,7 +152,7 @@ def summary(report: dict[str, Any]) -> str:
 
     Example:
         >>> summary(model.temperature_report())  # doctest: +SKIP
-        'at T=1 (kinetic 1.00 +- 0.01, configurational 0.98 +- 0.03; in band from step 1200)'
+        'at T=1 (whole net: kinetic 1.00 +- 0.01, configurational 0.98 +- 0.03; in band from step 1200)'
     """
     temperature = report["temperature"]
 
@@ -160,7 +163,7 @@ def summary(report: dict[str, Any]) -> str:
         text = f"{kind} {entry['mean']:.3g} +- {entry['standard_error']:.2g}"
         return text + (" unresolved" if entry["in_band"] is None else "")
 
-    figures = ", ".join(figure(kind) for kind in KINDS)
+    figures = "whole net: " + ", ".join(figure(kind) for kind in KINDS)
     verdict = report["equilibrated"]
     if verdict is True:
         return f"at T={temperature:g} ({figures}; in band from step {report['equilibration_step']})"

@@ -569,6 +569,7 @@ def test_the_temperature_warning_names_the_averaged_covariance_for_mccadl_with_t
 
 def test_the_warning_does_not_advise_what_the_run_already_uses():
     samplers = {"sgnht": SGNHT(1e-3), "sgnht_symmetric": SGNHT(1e-3, integrator="symmetric"), "mccadl": MCCAdL(1e-3),
+                "ccadl": CCAdL(1e-3),
                 "mccadl_per_tensor": MCCAdL(1e-3, per_variable_thermostat=True), "sghmc": kt.samplers.SGHMC(1e-3)}
     suggests_noise_samplers = "use a sampler that corrects for gradient noise (CCAdL, mCCAdL)"
     per_tensor = "per_variable_thermostat=True gives each trainable tensor its own thermostat"
@@ -583,6 +584,9 @@ def test_the_warning_does_not_advise_what_the_run_already_uses():
     for label, message in messages.items():
         assert "positions run hotter than its momenta" in message and "reduce step_size" in message, label
         assert (second_order in message) == (label in ("sgnht", "sghmc")), label
+        # CCAdL already corrects the noise: its second-order counterpart is mCCAdL.
+        assert ("take a second-order step (mCCAdL)" in message) == (label == "ccadl"), label
+        assert ("first-order step" in message) == (label in ("sgnht", "sghmc", "ccadl")), label
         assert per_tensor not in message and suggests_noise_samplers not in message, label
     # One tensor's momenta hot while the whole net's are held at T: one thermostat per tensor,
     # for the samplers with the papers' single thermostat only (SGHMC has none).
@@ -596,7 +600,7 @@ def test_the_warning_does_not_advise_what_the_run_already_uses():
     assert per_tensor in _failure_messages({"sgnht": SGNHT(1e-3)}, configurational=1.02, variables=[wide])["sgnht"]
     for label, message in messages.items():
         assert "the kinetic temperature of 'net/logits/kernel'" in message or "configurational temperature of 'net/logits" in message
-        assert (per_tensor in message) == (label in ("sgnht", "sgnht_symmetric", "mccadl")), label
+        assert (per_tensor in message) == (label in ("sgnht", "sgnht_symmetric", "mccadl", "ccadl")), label
     assert suggests_noise_samplers in messages["sgnht"] and suggests_noise_samplers not in messages["mccadl"]
     # The one-line summary of a report (the demo's lines) reads the same from the report itself.
     hot = {"temperature": 1.0, "equilibrated": False, "equilibration_step": 100, "num_blocks": 10,

@@ -36,5 +36,11 @@ def test_the_digits_mlp_runs_end_to_end():
     assert result["error"] is None and result["steps"] >= 40
     assert result["num_samples"] > 0 and np.isfinite(result["test_nll"])
     assert 0.0 <= result["test_accuracy"] <= 1.0
+    # The library's check judged the run; 20 blocks after a 20-step warm-up are too few for a verdict.
+    assert result["temperature_check"]["equilibrated"] is None
+    assert result["temperature_check"]["summary"].startswith("undetermined at T=1")
+    result["seed"] = 0
+    assert ", undetermined; mean" in ccadl_networks.summary([result])[0]
+    assert ccadl_networks.verdict({**result, "temperature_check": {"equilibrated": False}}) == ", not at T"
     with pytest.raises(ValueError, match="'mnist'"):
         ccadl_networks.problem("mnist")

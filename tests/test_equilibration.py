@@ -142,7 +142,7 @@ def test_an_exact_run_is_in_band_overall_and_per_variable(hot_run_checked_at_two
     assert history.history["mean_configurational_temperature"][-1] == pytest.approx(
         report["overall"]["configurational"]["mean"]
     )
-    assert equilibration.summary(report).startswith("at T=2 (kinetic ")
+    assert equilibration.summary(report).startswith("at T=2 (whole net: kinetic ")
 
 
 # The negative control runs as long as the in-band run (30 epochs: the same run, checked at T = 1).
@@ -226,14 +226,14 @@ def _report(verdict, kinetic, configurational, in_band=True, step=420, blocks=20
 
 def test_summary_says_in_one_line_whether_the_run_is_at_t_and_why_not():
     at = equilibration.summary(_report(True, 0.1003, 0.0981))
-    assert at == "at T=0.1 (kinetic 0.1 +- 0.002, configurational 0.0981 +- 0.002; in band from step 420)"
+    assert at == "at T=0.1 (whole net: kinetic 0.1 +- 0.002, configurational 0.0981 +- 0.002; in band from step 420)"
     cold = equilibration.summary(_report(False, 0.041, 0.0006, in_band=False))
-    assert cold.startswith("NOT at T=0.1 (kinetic 0.041 +- 0.002, configurational 0.0006 +- 0.002; after step 420). ")
+    assert cold.startswith("NOT at T=0.1 (whole net: kinetic 0.041 +- 0.002, configurational 0.0006 +- 0.002; after step 420). ")
     assert "runs cold" in cold and "warmup_steps" in cold
     hot = equilibration.summary(_report(False, 0.092, 0.25, in_band=False))
     assert "runs hot" in hot and "reduce step_size" in hot
     pending = equilibration.summary(_report(None, math.nan, math.nan, blocks=3))
-    assert pending.startswith("undetermined at T=0.1 (kinetic n/a, configurational n/a; 3 blocks after step 420)")
+    assert pending.startswith("undetermined at T=0.1 (whole net: kinetic n/a, configurational n/a; 3 blocks after step 420)")
     # A comparison the resolution gate leaves open is marked, not passed off as in band.
     unresolved = _report(True, 0.1, 0.08)
     unresolved["overall"]["configurational"]["in_band"] = None
