@@ -449,10 +449,8 @@ class EquilibrationCheck(keras.callbacks.Callback):
             "pending": pending,  # fewer than `min_blocks` blocks after the burn-in
             "num_blocks_without_steps_at_t": int(np.count_nonzero(countable == 0)),
             "temperature": temperature,
-            # Whether the sampler removes the gradient noise's heat itself (CCAdL, mCCAdL): `cause`
-            # then does not advise one.
-            "sampler_corrects_noise": self._traits["corrects_noise"],
-            "sampler": dict(self._traits),  # what `cause` advises from (`sampler_traits`)
+            # What `cause` advises from (`sampler_traits`): it leaves out what the run already uses.
+            "sampler": dict(self._traits),
             "overall": entry(0),
             "variables": [
                 {"name": name, "size": int(size), **entry(i + 1)}

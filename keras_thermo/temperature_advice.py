@@ -47,7 +47,7 @@ def furthest_miss(report: dict[str, Any]) -> tuple[str, str, dict[str, Any]] | N
     return max(misses(report), key=lambda miss: abs(miss[2]["mean"] - report["temperature"]), default=None)
 
 
-def cause(report: dict[str, Any], *, corrects_noise: bool | None = None) -> str:
+def cause(report: dict[str, Any]) -> str:
     """Why a run that `report` finds out of band is off T, and what to change, from the comparison
     furthest out of band (the whole net's or one variable's; without one, the whole net's
     configurational temperature) and the sampler's traits in `report["sampler"]`
@@ -62,11 +62,12 @@ def cause(report: dict[str, Any], *, corrects_noise: bool | None = None) -> str:
       step, or a second-order one);
     - otherwise hot: a step too long for the curvature or the gradient noise.
 
-    `corrects_noise`: the run's sampler already removes the gradient noise's heat (CCAdL,
-    mCCAdL), so the advice does not suggest one (None: as the report says)."""
-    traits = {**sampler_traits(None), **report.get("sampler", {})}
-    if corrects_noise is None:
-        corrects_noise = bool(report.get("sampler_corrects_noise", traits["corrects_noise"]))
+    Advice that names what the run already uses is left out (a noise-correcting sampler for CCAdL
+    and mCCAdL, a second-order step for a symmetric one). A report saved before it carried
+    `sampler` gives only `sampler_corrects_noise`."""
+    traits = {**sampler_traits(None), **(report.get("sampler") or
+                                          {"corrects_noise": bool(report.get("sampler_corrects_noise", False))})}
+    corrects_noise = traits["corrects_noise"]
     temperature = report["temperature"]
     miss = furthest_miss(report)
     if miss is None:

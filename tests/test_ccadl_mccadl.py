@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import keras_thermo as kt
 from keras_thermo import equilibration
+from keras_thermo.temperature_advice import sampler_traits
 from keras_thermo import linalg as kt_linalg
 from keras_thermo import random as kt_random
 from keras_thermo import testing
@@ -608,6 +609,8 @@ def test_the_warning_does_not_advise_what_the_run_already_uses():
                        "configurational": {"mean": 1.2, "standard_error": 0.01, "in_band": False}},
            "variables": []}
     assert suggests_noise_samplers in equilibration.summary(hot)
+    assert suggests_noise_samplers not in equilibration.summary({**hot, "sampler": sampler_traits(MCCAdL(1e-3))})
+    # A report saved before it carried the sampler's traits.
     assert suggests_noise_samplers not in equilibration.summary({**hot, "sampler_corrects_noise": True})
 
 

@@ -124,3 +124,15 @@ def test_a_tempered_collapse_names_the_tempering_and_an_untempered_one_the_step_
                       verbose=0)
         message = str(caught.value)
         assert "tempering" not in message and "Likely cause: step_size=1e-06 is too large" in message, message
+
+
+def test_the_tempering_hint_reads_every_chain_and_stays_quiet_on_the_plateau():
+    # Several chains: the state's xi is [C]; the hint names the chain furthest off the plateau.
+    sampler = kt.samplers.TACTHMC(1e-6, sample_every=1)
+    state = type("State", (), {})()
+    state.xi = np.array([0.1, -1.6], np.float32)
+    assert "xi is at 1.6 now" in sampler.collapse_hint(state)
+    state.xi = np.array([0.1, -0.3], np.float32)  # both on the plateau |xi| <= 1/3: theta at T
+    assert sampler.collapse_hint(state) == ""
+    state.xi = np.array([1.6], np.float32)
+    assert kt.samplers.TACTHMC(1e-6, sample_every=1, tempering=False).collapse_hint(state) == ""
