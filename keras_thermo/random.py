@@ -5,13 +5,14 @@ generators. The only random state is therefore the seed (in the model config) an
 counter (a model variable): a resumed run continues the exact noise sequence, and replicas that
 share the step draw identical noise.
 
-Normals come from TensorFlow's `stateless_normal` kernel (Philox), one keyed draw per tensor.
-A fused Box-Muller draw of all tensors at once (`benchmarks/lab/noise_draw.py`) is faster on a
-CPU but gives other chains; see `normal_like` for why the samplers keep this stream.
+Normals come from one Philox uniform draw per call, turned into normals by Box-Muller and split
+into the tensors (`normal_like`); TensorFlow's own normal kernel, one keyed draw per tensor, is
+kept as `kernel_normal_like` (the samplers' stream before; tests can still run on it).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import tensorflow as tf
@@ -43,20 +44,56 @@ def step_key(seed: int, step: tf.Tensor, stream: int) -> tf.Tensor:
     return tf.random.experimental.stateless_fold_in(base, step)
 
 
+#: `normal_like` starts each tensor's share of its draw at a multiple of this many values (128
+#: bytes of float32), so that splitting the draw shares its buffer instead of copying it.
+ALIGNMENT = 32
+
+
+def box_muller_normal(key: tf.Tensor, count, dtype: tf.DType = tf.float32) -> tf.Tensor:
+    """`count` i.i.d. N(0, 1) draws `[count]` from the stateless key `key`.
+
+    Box-Muller (Box & Muller 1958, "A note on the generation of random normal deviates", Ann.
+    Math. Stat. 29(2)): from uniforms `u1, u2` on `[0, 1)`, `r = sqrt(-2 log(1 - u1))` and
+    `theta = 2 pi u2` give two independent normals, `r cos(theta)` and `r sin(theta)`. The first
+    half of the result holds the cosines, the second the sines (`sin(theta) = cos(theta - pi/2)`,
+    so one `cos` serves both). The uniforms have the resolution of `dtype` (`2^-23` in float32,
+    as in TensorFlow's own normal kernel, whose largest normal is then also
+    `sqrt(-2 log(2^-23)) = 5.6`); `1 - u1` lies in `(0, 1]`, so the logarithm is finite.
+
+    Args:
+        key: a stateless key, e.g. from `step_key`.
+        count: number of draws (int or scalar int tensor).
+        dtype: float32 or float64.
+
+    Example:
+        >>> z = box_muller_normal(step_key(0, tf.constant(0), STREAM_INIT), 100_000)
+        >>> abs(float(tf.reduce_mean(z))) < 0.02, abs(float(tf.math.reduce_std(z)) - 1) < 0.02
+        (True, True)
+    """
+    pairs = (count + 1) // 2
+    # Philox named: without XLA the same numbers as the default "auto_select", and under XLA on a
+    # CPU a far faster draw than the default compiles to (other numbers there, as for the kernel
+    # draw; `benchmarks/results/step_cost_emnist_mlp_xla_*` measured the kernel draw's case).
+    uniform = tf.random.stateless_uniform(tf.stack([2, pairs]), seed=key, dtype=dtype, alg="philox")
+    radius = tf.sqrt(-2.0 * tf.math.log(1.0 - uniform[0]))
+    angles = (2.0 * math.pi) * uniform[1] - tf.constant([[0.0], [0.5 * math.pi]], dtype)
+    return tf.reshape(radius * tf.cos(angles), [-1])[:count]
+
+
+def _size(tensor) -> "int | tf.Tensor":
+    shape = tensor.shape
+    return shape.num_elements() if shape.is_fully_defined() else tf.size(tensor)
+
+
 def normal_like(key: tf.Tensor, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     """Independent standard normal draws shaped like each tensor in `tensors`.
 
-    One `tf.random.stateless_normal` per tensor, keyed by `fold_in(key, index)`. (A fused
-    Box-Muller draw of all of them saves ~0.2 ms a step on the EMNIST MLP,
-    `benchmarks/lab/noise_draw.py`, and passes the same high-power distribution checks as this draw,
-    `benchmarks/lab/normal_draw_quality.py`; but it changes every chain's noise, and on its stream
-    four fixed-seed assertions of the default tests changed outcome: a resolution bound of the
-    statistical checks, the two TACT-HMC comparisons of a mirrored run with a single-device run
-    (the two runs draw the same noise; their rounding differences, from the cross-replica sums,
-    grow along that stream's trajectory beyond the comparison's tolerance), and the
-    equilibration check's negative control, since lengthened: it was flagged on only 11 of 20
-    streams of either draw, `benchmarks/results/stream_sensitivity_equilibration.json`. So the
-    samplers keep the stream those tests were validated on.)
+    One `box_muller_normal` draw for all float32 (and narrower) tensors, keyed by `key`, and one
+    in float64 for the float64 tensors, keyed by `fold_in(key, 1)`; each tensor takes its
+    share in order, every share starting at a multiple of `ALIGNMENT` values. One fused draw
+    instead of one kernel call per tensor makes the step of a wide net about a third cheaper on
+    a CPU (`benchmarks/results/peers/`); its distribution passes the same high-power checks as
+    the kernel's (`benchmarks/results/normal_draw_quality.json`, tests/test_random.py).
 
     Args:
         key: A stateless key from `step_key`.
@@ -70,14 +107,40 @@ def normal_like(key: tf.Tensor, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]
         >>> [r.shape for r in normal_like(key, [tf.zeros([2, 3]), tf.zeros([4])])]
         [TensorShape([2, 3]), TensorShape([4])]
     """
-    draws = []
-    for index, like in enumerate(tensors):
-        sub_key = tf.random.experimental.stateless_fold_in(key, index)
-        # Philox named rather than "auto_select": the same numbers (TensorFlow's kernel and XLA
-        # both resolve "auto_select" to Philox here), but under XLA on a CPU the named algorithm
-        # compiles to a draw ~6x faster (`benchmarks/results/step_cost_emnist_mlp_xla_*`).
-        draws.append(tf.random.stateless_normal(tf.shape(like), seed=sub_key, dtype=like.dtype, alg="philox"))
+    draws = [None] * len(tensors)
+    for group, dtype in enumerate((tf.float32, tf.float64)):
+        members = [i for i, like in enumerate(tensors) if (like.dtype == tf.float64) == (dtype == tf.float64)]
+        if not members:
+            continue
+        sizes = [_size(tensors[i]) for i in members]
+        shares = [-(-size // ALIGNMENT) * ALIGNMENT for size in sizes]
+        group_key = key if group == 0 else tf.random.experimental.stateless_fold_in(key, group)
+        static = all(isinstance(size, int) for size in sizes)
+        total = sum(shares) if static else tf.add_n([tf.cast(share, tf.int32) for share in shares])
+        flat = box_muller_normal(group_key, total, dtype)
+        pieces = tf.split(flat, shares) if len(shares) > 1 else [flat]
+        for i, piece, size, share in zip(members, pieces, sizes, shares):
+            like = tensors[i]
+            shape = like.shape if like.shape.is_fully_defined() else tf.shape(like)
+            value = tf.reshape(piece if static and size == share else piece[:size], shape)
+            draws[i] = value if like.dtype == dtype else tf.cast(value, like.dtype)
     return draws
+
+
+def kernel_normal_like(key: tf.Tensor, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """`normal_like` through TensorFlow's `stateless_normal` kernel: one draw per tensor, keyed by
+    `fold_in(key, index)` (the samplers' stream until the fused draw replaced it).
+
+    Example:
+        >>> key = step_key(0, tf.constant(1), STREAM_MOMENTUM)
+        >>> [r.shape for r in kernel_normal_like(key, [tf.zeros([2, 3]), tf.zeros([4])])]
+        [TensorShape([2, 3]), TensorShape([4])]
+    """
+    return [
+        tf.random.stateless_normal(tf.shape(like), seed=tf.random.experimental.stateless_fold_in(key, index),
+                                   dtype=like.dtype, alg="philox")
+        for index, like in enumerate(tensors)
+    ]
 
 
 def _mix64(value: int) -> int:

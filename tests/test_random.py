@@ -1,5 +1,5 @@
-"""Tests of keras_thermo.random: step-keyed standard normal draws (and the fused Box-Muller draw
-that benchmarks/lab/noise_draw.py measures against them).
+"""Tests of keras_thermo.random: step-keyed standard normal draws, the samplers' fused Box-Muller
+draw and TensorFlow's kernel draw kept beside it (benchmarks/lab/noise_draw.py times both).
 
 The distribution checks use 2^18 draws and five-standard-error bounds on statistics whose
 standard errors are known in closed form for N(0, 1) (mean: 1/sqrt(n); variance: sqrt(2/n);
@@ -14,8 +14,8 @@ import pytest
 import scipy.stats
 import tensorflow as tf
 
-from benchmarks.lab.noise_draw import ALIGNMENT, box_muller_aligned, box_muller_normal
 from keras_thermo import random as kt_random
+from keras_thermo.random import ALIGNMENT, box_muller_normal
 
 COUNT = 2**18
 BOUND = 5.0  # standard errors
@@ -38,13 +38,14 @@ def normal_checks(draws: np.ndarray) -> dict[str, bool]:
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
-def test_draws_are_standard_normal(dtype):
-    (draws,) = kt_random.normal_like(_key(), [tf.zeros([COUNT], dtype)])
+@pytest.mark.parametrize("draw", [kt_random.normal_like, kt_random.kernel_normal_like], ids=["fused", "kernel"])
+def test_draws_are_standard_normal(dtype, draw):
+    (draws,) = draw(_key(), [tf.zeros([COUNT], dtype)])
     assert draws.dtype == dtype and draws.shape == (COUNT,)
     assert all(normal_checks(draws.numpy()).values()), normal_checks(draws.numpy())
 
 
-def test_the_benchmarked_box_muller_draw_is_standard_normal():
+def test_the_box_muller_draw_is_standard_normal():
     draws = box_muller_normal(_key(), COUNT)
     assert all(normal_checks(draws.numpy()).values()), normal_checks(draws.numpy())
     # The two halves (cosines and sines of the same pairs) are independent normals too.
@@ -53,13 +54,13 @@ def test_the_benchmarked_box_muller_draw_is_standard_normal():
     assert abs(np.corrcoef(halves[0] ** 2, halves[1] ** 2)[0, 1]) <= BOUND / np.sqrt(COUNT / 2)
 
 
-def test_the_aligned_box_muller_draw_gives_each_tensor_its_aligned_share_per_dtype():
-    """The candidate draw `box_muller_aligned`: float32 (and narrower) tensors share one
-    Box-Muller draw keyed by the key, float64 tensors one keyed by `fold_in(key, 1)`; each
-    tensor's share starts at a multiple of `ALIGNMENT`, and the draws are standard normal."""
+def test_the_fused_draw_gives_each_tensor_its_aligned_share_per_dtype():
+    """`normal_like`: float32 (and narrower) tensors share one Box-Muller draw keyed by the key,
+    float64 tensors one keyed by `fold_in(key, 1)`; each tensor's share starts at a multiple of
+    `ALIGNMENT`, and the draws are standard normal."""
     like = [tf.zeros([3, 4]), tf.zeros([5], tf.float64), tf.zeros([]), tf.zeros([40], tf.float16),
             tf.zeros([33], tf.float64), tf.zeros([COUNT])]
-    draws = box_muller_aligned(_key(), like)
+    draws = kt_random.normal_like(_key(), like)
     assert [d.shape for d in draws] == [(3, 4), (5,), (), (40,), (33,), (COUNT,)]
     assert [d.dtype for d in draws] == [tf.float32, tf.float64, tf.float32, tf.float16, tf.float64, tf.float32]
     single = box_muller_normal(_key(), 4 * ALIGNMENT + COUNT).numpy()  # shares 32, 32, 64, COUNT
@@ -96,9 +97,9 @@ def test_draws_are_a_pure_function_of_seed_step_and_stream():
         assert abs(np.corrcoef(flat, other)[0, 1]) <= BOUND / np.sqrt(flat.size)
 
 
-def test_each_tensor_gets_its_own_keyed_draw_in_its_dtype():
+def test_the_kernel_draw_gives_each_tensor_its_own_keyed_draw_in_its_dtype():
     like = [tf.zeros([3, 4], tf.float32), tf.Variable(tf.zeros([5], tf.float64)), tf.zeros([], tf.float32)]
-    draws = kt_random.normal_like(_key(), like)
+    draws = kt_random.kernel_normal_like(_key(), like)
     assert [d.shape for d in draws] == [(3, 4), (5,), ()]
     assert [d.dtype for d in draws] == [tf.float32, tf.float64, tf.float32]
     for index, (draw, tensor) in enumerate(zip(draws, like)):
@@ -108,7 +109,7 @@ def test_each_tensor_gets_its_own_keyed_draw_in_its_dtype():
 
 
 def test_the_named_philox_draw_is_the_default_algorithms_under_xla_too():
-    """`normal_like` names Philox (faster to compile on a CPU) without changing any number: under
+    """The kernel draw names Philox (faster to compile on a CPU) without changing any number: under
     XLA it draws what the default "auto_select" draw compiled with XLA does (and without XLA,
     the test above, what the kernel's default does)."""
     like = [tf.zeros([40, 3]), tf.zeros([6], tf.float64)]
@@ -117,18 +118,29 @@ def test_the_named_philox_draw_is_the_default_algorithms_under_xla_too():
         return [tf.random.stateless_normal(tf.shape(t), seed=tf.random.experimental.stateless_fold_in(key, i),
                                            dtype=t.dtype) for i, t in enumerate(like)]
 
-    ours = tf.function(lambda key: kt_random.normal_like(key, like), jit_compile=True)(_key())
+    ours = tf.function(lambda key: kt_random.kernel_normal_like(key, like), jit_compile=True)(_key())
     default = tf.function(default_algorithm, jit_compile=True)(_key())
     for a, b in zip(ours, default):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
-def test_unknown_shapes_in_a_traced_function():
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+def test_the_fused_draw_compiled_with_xla_is_standard_normal(dtype):
+    """Under XLA the Philox uniforms behind the fused draw are XLA's own (other numbers than the
+    graph's, as for the kernel draw), so their normals are checked again."""
+    (draws,) = tf.function(lambda key: kt_random.normal_like(key, [tf.zeros([COUNT], dtype)]), jit_compile=True)(_key())
+    assert draws.dtype == dtype
+    assert all(normal_checks(draws.numpy()).values()), normal_checks(draws.numpy())
+
+
+@pytest.mark.parametrize("normal_like", [kt_random.normal_like, kt_random.kernel_normal_like], ids=["fused", "kernel"])
+def test_unknown_shapes_in_a_traced_function(normal_like):
     @tf.function(input_signature=[tf.TensorSpec([None, 3])])
     def draw(like):
-        return kt_random.normal_like(_key(), [like, tf.zeros([2])])
+        return normal_like(_key(), [like, tf.zeros([2]), tf.zeros([4], tf.float64)])
 
-    first, second = draw(tf.zeros([5, 3]))
-    assert first.shape == (5, 3) and second.shape == (2,)
-    eager = kt_random.normal_like(_key(), [tf.zeros([5, 3]), tf.zeros([2])])
-    np.testing.assert_array_equal(first.numpy(), eager[0].numpy())
+    first, second, third = draw(tf.zeros([5, 3]))
+    assert first.shape == (5, 3) and second.shape == (2,) and third.shape == (4,)
+    eager = normal_like(_key(), [tf.zeros([5, 3]), tf.zeros([2]), tf.zeros([4], tf.float64)])
+    for traced, expected in zip((first, second, third), eager):
+        np.testing.assert_array_equal(traced.numpy(), expected.numpy())

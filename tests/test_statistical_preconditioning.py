@@ -41,13 +41,17 @@ the position: in the continuous-time limit of SGLD with a mass `m(theta)` and no
 stationary density is `exp(-U / T) m(theta)` instead of `exp(-U / T)` (in one dimension, zero
 Fokker-Planck flux needs `p / m` proportional to `exp(-U / T)`). With no averaging (decay 0)
 the mass is the current `|F| ~ P |theta - mean|`, so each marginal becomes `|x| exp(-x^2 / 2
-s^2)`, whose variance is twice the target's: +100% (measured: +107%, +107%, +76%; SGHMC and
-SGNHT, whose mass acts through the momentum, +35% to +56%), which
+s^2)`, whose variance is twice the target's: +100% (measured: +76% to +107%; SGHMC and SGNHT,
+whose mass acts through the momentum, +26% to +60%), which
 `test_rmsprop_without_averaging_is_rejected` checks. The moving average makes the mass depend on
 the recent path instead: the part that follows theta shrinks as the decay approaches 1 (the mass
 averages over ~1 / (1 - decay) steps, here at least the bias's autocorrelation time), so at decay
-0.999 the chains must pass the same check as the exact samplers (measured: variance errors -4%
-to +4%, |t| <= 2.4). At pSGLD's usual 0.99 the check rejects SGLD on this full-batch problem
+0.999 what is left is small but not zero: with 24 SGLD chains the bias's variance came out
+7-18% high on each of three seeds on two noise streams, which 8 chains could not resolve (on one
+stream they resolved that variance to 71% only). `test_rmsprop_mass_with_slow_average_keeps_its_bias_small`
+therefore bounds the bias (every variance within 50%, every mean within half a posterior sd, as
+upper confidence bounds) instead of asking for the exact samplers' verdict. At pSGLD's usual
+0.99 the check rejects SGLD on this full-batch problem
 (variance +9%, +8%, +31%, t up to 6.4 against 4.9), while SGHMC and SGNHT pass (within 3.2%):
 the bias is real and problem-dependent, so it is reported, not asserted. (With minibatches the
 gradient noise dominates `V` and the mass follows theta less.)
@@ -118,6 +122,15 @@ REPORT_ONLY = {
         NUM_EXAMPLES, 4, 20_000,
     ),
 }
+
+# The slow average's chains: SGLD's 8 resolved the bias's variance to 71% only, on one noise stream
+# (the bound asserted is 50%); with 24 the resolution is 16-29% (module doc).
+SLOW_AVERAGE_CHAINS = {"sgld": 24, "sghmc": 16, "sgnht": 16}
+# The decay-0 control's chains. SGNHT's excess is the smallest (+26% to +37% over 48 chains, variance
+# t 5.5-6.5 against 3.3): at its regime's 16 chains the check did not reject it on one noise stream
+# (t 2.2-2.7 against 3.8), so it runs 64 (t about 6.4 expected); SGLD's +96% to +105% is rejected at
+# t above 17 with 48 chains and SGHMC's +50% to +60% above 13, so 16 chains leave them the same margin.
+NO_AVERAGING_CHAINS = {"sgld": 16, "sghmc": 16, "sgnht": 64}
 
 # SGHMC's long run, as before: 16 chains x 20,000 steps at alpha = 1e-3.
 LONG = dict(num_chains=16, num_steps=20_000, alpha=1e-3)
@@ -194,20 +207,31 @@ def test_layerwise_mass_samples_the_posterior(name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", RMSPROP_SAMPLERS)
-def test_rmsprop_mass_with_slow_average_samples_the_posterior(name):
-    """decay = 0.999: the mass averages over ~1000 steps (module doc)."""
-    result, check = _run(name, "rmsprop")
-    _assert_passes_and_hot_is_rejected(name, result, check)
+def test_rmsprop_mass_with_slow_average_keeps_its_bias_small(name):
+    """decay = 0.999: the mass averages over ~1000 steps and its bias shrinks (module doc), but
+    stays: the upper confidence bound of every variance error is below half the decay-0 excess,
+    of every mean error below half a posterior sd; the T = 2 control is rejected."""
+    result, check = _run(name, "rmsprop", num_chains=SLOW_AVERAGE_CHAINS[name])
+    _, _, _, covariance = _problem()
+    mean_bound = np.abs(check.mean_error) / np.sqrt(np.diag(covariance)) + check.detectable_mean_error
+    variance_bound = np.abs(check.relative_variance_error) + check.detectable_variance_error
+    assert np.all(mean_bound < 0.5), check.summary()
+    assert np.all(variance_bound < 0.5), check.summary()
+    hot = _hot_check(result)
+    assert not hot.passed, f"{name}: accepted as T = 2: {hot.summary()}"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", RMSPROP_SAMPLERS)
 def test_rmsprop_without_averaging_is_rejected(name):
     """decay = 0: the mass follows the current force, the dropped `Gamma` term matters and the
-    variance comes out far too large (+100% predicted for SGLD; module doc)."""
-    _, check = _run(name, "rmsprop", decay=0.0)
+    variance comes out far too large (+100% predicted for SGLD; module doc): every coordinate's
+    variance is rejected as too large, SGLD's by more than half."""
+    _, check = _run(name, "rmsprop", decay=0.0, num_chains=NO_AVERAGING_CHAINS[name])
     assert not check.passed, f"{name}: {check.summary()}"
-    assert np.all(check.relative_variance_error > 0.2), check.summary()
+    assert np.all(check.variance_t > check.threshold), check.summary()
+    if name == "sgld":
+        assert np.all(check.relative_variance_error > 0.5), check.summary()
 
 
 @pytest.mark.slow
@@ -247,7 +271,8 @@ if __name__ == "__main__":
             [("rmsprop", RMSPROP_DECAY), ("rmsprop", PSGLD_DECAY), ("rmsprop", 0.0)]
             if regime_name in RMSPROP_SAMPLERS else []
         ):
-            run, verdict = _run(regime_name, kind, decay=decay)
+            chains = (SLOW_AVERAGE_CHAINS if decay == RMSPROP_DECAY else NO_AVERAGING_CHAINS if decay == 0.0 else {}).get(regime_name)
+            run, verdict = _run(regime_name, kind, decay=decay, num_chains=chains)
             _report(f"{regime_name} preconditioner={kind}" + (f" decay={decay}" if decay is not None else ""), run, verdict)
             if kind == "layerwise":
                 print(f"{regime_name} layerwise against T = 2: passed={_hot_check(run).passed}; {_hot_check(run).summary()}")

@@ -18,11 +18,16 @@ from keras_thermo.samplers.tact_hmc import TACTHMC
 
 C = 3
 N = 64
-STEPS = 400
+# Long enough for every chain's xi to come back to its plateau: at 400 steps one chain of three
+# never did on one seed in six, on either of two noise streams (the ABF table is still learning
+# the potential of mean force, and xi can stay at a wall or on the plateau for the whole run);
+# at 1500 steps each chain of seeds 5-10 on both streams had 28-1117 plateau steps, at least
+# 5x the steps on which all three were (0-11).
+STEPS = 1500
 
 
 def _tact():
-    # The chains cross their plateaus several times in STEPS, rarely together.
+    # The chains cross their plateaus several times in STEPS, rarely together (STEPS above).
     return TACTHMC(step_size=2e-3, xi_step_size=2e-3, noise=0.1, xi_noise=0.1, sample_every=1, num_bins=20)
 
 

@@ -14,16 +14,16 @@ every step; on small networks that draw is most of what they add to SGD. For eac
     folded key: the draw of `keras_thermo.random.normal_like` before it was replaced;
   - `kernel_fused`: one `stateless_normal` of Nd values, split per variable;
   - `box_muller_fused`: one Philox uniform draw, vectorised Box-Muller, split per variable
-    (`box_muller_normal`; measured, not adopted: see `keras_thermo.random.normal_like`);
+    (`box_muller_normal`);
   - `box_muller_aligned`: `box_muller_fused` with each variable's share starting at a multiple
-    of 32 values, so that the split copies nothing (the candidate for the samplers' draw);
+    of 32 values, so that the split copies nothing: the samplers' draw, `normal_like`;
   - `inverse_cdf_fused`: one Philox uniform draw on the open interval, `tf.math.ndtri` of each
     (one normal per uniform), split per variable (measured, not adopted);
   - `philox_uniforms_only`: the Philox uniforms of `kernel_fused` alone, not normals: a lower
     bound on any exact draw built on these random bits;
   - `library_normal_like`: `keras_thermo.random.normal_like`, whatever the installed version
     does (the recorded noise_draw.json ran while it was `box_muller_fused`; now it is
-    `kernel_per_variable`);
+    `box_muller_aligned`);
 * with `--samplers`, SGLD, SGHMC and SGNHT through `fit` (their whole step).
 
 Each is reported in ms per step and as the median over repetitions of its ratio to the SGD step
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import math
 import os
 import pathlib
 import time
@@ -54,15 +53,9 @@ DRAW_METHODS = ("kernel_per_variable", "kernel_fused", "box_muller_fused", "box_
 SAMPLERS = ("sgld", "sghmc", "sgnht")
 
 
-def kernel_per_variable(key: tf.Tensor, variables) -> list[tf.Tensor]:
-    """One `stateless_normal` per variable, keyed by `fold_in(key, index)`."""
-    return [
-        tf.random.stateless_normal(
-            tf.shape(variable), seed=tf.random.experimental.stateless_fold_in(key, index),
-            dtype=variable.dtype,
-        )
-        for index, variable in enumerate(variables)
-    ]
+#: One `stateless_normal` per variable, keyed by `fold_in(key, index)`: the samplers' draw before
+#: the fused one.
+kernel_per_variable = kt_random.kernel_normal_like
 
 
 def kernel_fused(key: tf.Tensor, variables) -> list[tf.Tensor]:
@@ -72,33 +65,7 @@ def kernel_fused(key: tf.Tensor, variables) -> list[tf.Tensor]:
     return [tf.reshape(piece, variable.shape) for piece, variable in zip(tf.split(flat, sizes), variables)]
 
 
-def box_muller_normal(key: tf.Tensor, count, dtype: tf.DType = tf.float32) -> tf.Tensor:
-    """`count` i.i.d. N(0, 1) draws `[count]` from the stateless key `key`.
-
-    Box-Muller (Box & Muller 1958, "A note on the generation of random normal deviates", Ann.
-    Math. Stat. 29(2)): from uniforms `u1, u2` on `[0, 1)`, `r = sqrt(-2 log(1 - u1))` and
-    `theta = 2 pi u2` give the independent normals `r cos(theta)` and `r sin(theta)`. The first
-    half of the result holds the cosines, the second the sines (`sin(theta) =
-    cos(theta - pi/2)`, so one `cos` covers both). Uniforms have the resolution of `dtype`
-    (`2^-23` in float32, as for TensorFlow's own normal kernel, whose largest normal is then
-    `sqrt(-2 log(2^-23)) = 5.6`); `1 - u1` lies in `(0, 1]`, so the logarithm is finite.
-
-    Args:
-        key: a stateless key, e.g. from `step_key`.
-        count: number of draws (int or scalar int tensor).
-        dtype: float32 or float64.
-
-    Example:
-        >>> z = box_muller_normal(kt_random.step_key(0, tf.constant(0), kt_random.STREAM_INIT), 100_000)
-        >>> abs(float(tf.reduce_mean(z))) < 0.02, abs(float(tf.math.reduce_std(z)) - 1) < 0.02
-        (True, True)
-    """
-    pairs = (count + 1) // 2
-    uniform = tf.random.stateless_uniform(tf.stack([2, pairs]), seed=key, dtype=dtype)
-    radius = tf.sqrt(-2.0 * tf.math.log(1.0 - uniform[0]))
-    # Row 0: theta, row 1: theta - pi/2, so that one cos gives [cos(theta); sin(theta)].
-    angles = (2.0 * math.pi) * uniform[1] - tf.constant([[0.0], [0.5 * math.pi]], dtype)
-    return tf.reshape(radius * tf.cos(angles), [-1])[:count]
+box_muller_normal = kt_random.box_muller_normal
 
 
 def box_muller_fused(key: tf.Tensor, variables) -> list[tf.Tensor]:
@@ -108,30 +75,10 @@ def box_muller_fused(key: tf.Tensor, variables) -> list[tf.Tensor]:
     return [tf.reshape(piece, variable.shape) for piece, variable in zip(tf.split(flat, sizes), variables)]
 
 
-#: `box_muller_aligned` starts each variable's share at a multiple of this many values (128 bytes
-#: of float32), so that splitting the draw shares its buffer instead of copying it.
-ALIGNMENT = 32
-
-
-def box_muller_aligned(key: tf.Tensor, variables) -> list[tf.Tensor]:
-    """`box_muller_fused` with each variable's share rounded up to `ALIGNMENT` values (no copy
-    in the split) and float64 variables drawn in float64 from `fold_in(key, 1)`, the others in
-    float32 (cast to their dtype); the variables' shapes must be known. The candidate for the
-    samplers' draw: timed in the step by
-    `benchmarks.peers` (`benchmarks/results/peers_box_muller_draw/`, docs/notes/normal_draws.md)."""
-    draws = [None] * len(variables)
-    for group, dtype in enumerate((tf.float32, tf.float64)):
-        members = [i for i, v in enumerate(variables) if (v.dtype == tf.float64) == (dtype == tf.float64)]
-        if not members:
-            continue
-        sizes = [variables[i].shape.num_elements() for i in members]
-        shares = [-(-n // ALIGNMENT) * ALIGNMENT for n in sizes]
-        group_key = key if group == 0 else tf.random.experimental.stateless_fold_in(key, group)
-        flat = box_muller_normal(group_key, sum(shares), dtype)
-        for i, piece, size, share in zip(members, tf.split(flat, shares), sizes, shares):
-            value = tf.reshape(piece if size == share else piece[:size], variables[i].shape)
-            draws[i] = value if variables[i].dtype == dtype else tf.cast(value, variables[i].dtype)
-    return draws
+ALIGNMENT = kt_random.ALIGNMENT
+#: `box_muller_fused` with each variable's share starting at a multiple of `ALIGNMENT` values (no
+#: copy in the split), float64 variables drawn apart: the samplers' draw, `normal_like`.
+box_muller_aligned = kt_random.normal_like
 
 
 def _split_like(flat: tf.Tensor, variables) -> list[tf.Tensor]:

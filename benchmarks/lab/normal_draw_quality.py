@@ -1,8 +1,9 @@
 """Is a normal draw N(0, 1) and independent? High-power checks of the samplers' draw and the fused Box-Muller one.
 
-`keras_thermo.random.normal_like` (TensorFlow's `stateless_normal` kernel, one keyed draw per
-tensor) and `benchmarks.lab.noise_draw.box_muller_normal` (one Philox uniform draw turned into
-normals by whole-tensor Box-Muller, the faster draw that was tried and not adopted) are put
+`keras_thermo.random.kernel_normal_like` (TensorFlow's `stateless_normal` kernel, one keyed draw
+per tensor: the samplers' draw when this was written) and `keras_thermo.random.box_muller_normal`
+(one Philox uniform draw turned into normals by whole-tensor Box-Muller: the samplers' draw now,
+`normal_like`, splits one such draw into the tensors) are put
 through the same checks, on `--keys` step keys of `--count` draws each (2^26 draws in all by
 default, 256 times the 2^18 of tests/test_random.py):
 
@@ -50,7 +51,7 @@ CONTROLS = {"control_variance_0.2%_high": 1.001, "control_halves_correlated_0.1%
 def draw(method: str, step: int, count: int) -> np.ndarray:
     key = kt_random.step_key(0, tf.constant(step, tf.int64), kt_random.STREAM_MOMENTUM)
     if method in ("kernel_normal_like", "control_variance_0.2%_high"):
-        (values,) = kt_random.normal_like(key, [tf.zeros([count])])
+        (values,) = kt_random.kernel_normal_like(key, [tf.zeros([count])])
         scale = CONTROLS.get(method, 1.0)
         return scale * values.numpy().astype(np.float64)
     values = box_muller_normal(key, count).numpy().astype(np.float64)

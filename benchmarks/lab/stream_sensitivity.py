@@ -60,7 +60,7 @@ def fused_box_muller_normal_like(key, tensors):
     return [tf.cast(tf.reshape(piece, tf.shape(like)), like.dtype) for piece, like in zip(pieces, tensors)]
 
 
-DRAWS = {"kernel_normal_like": kt_random.normal_like, "box_muller_fused": fused_box_muller_normal_like}
+DRAWS = {"kernel_normal_like": kt_random.kernel_normal_like, "box_muller_fused": fused_box_muller_normal_like}
 
 
 def ccadl_control(module, name: str, seed: int) -> dict:
