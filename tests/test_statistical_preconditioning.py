@@ -42,7 +42,7 @@ stationary density is `exp(-U / T) m(theta)` instead of `exp(-U / T)` (in one di
 Fokker-Planck flux needs `p / m` proportional to `exp(-U / T)`). With no averaging (decay 0)
 the mass is the current `|F| ~ P |theta - mean|`, so each marginal becomes `|x| exp(-x^2 / 2
 s^2)`, whose variance is twice the target's: +100% (measured: +76% to +107%; SGHMC and SGNHT,
-whose mass acts through the momentum, +26% to +60%), which
+whose mass acts through the momentum, +16% to +60%), which
 `test_rmsprop_without_averaging_is_rejected` checks. The moving average makes the mass depend on
 the recent path instead: the part that follows theta shrinks as the decay approaches 1 (the mass
 averages over ~1 / (1 - decay) steps, here at least the bias's autocorrelation time), so at decay
@@ -126,11 +126,12 @@ REPORT_ONLY = {
 # The slow average's chains: SGLD's 8 resolved the bias's variance to 71% only, on one noise stream
 # (the bound asserted is 50%); with 24 the resolution is 16-29% (module doc).
 SLOW_AVERAGE_CHAINS = {"sgld": 24, "sghmc": 16, "sgnht": 16}
-# The decay-0 control's chains. SGNHT's excess is the smallest (+26% to +37% over 48 chains, variance
-# t 5.5-6.5 against 3.3): at its regime's 16 chains the check did not reject it on one noise stream
-# (t 2.2-2.7 against 3.8), so it runs 64 (t about 6.4 expected); SGLD's +96% to +105% is rejected at
-# t above 17 with 48 chains and SGHMC's +50% to +60% above 13, so 16 chains leave them the same margin.
-NO_AVERAGING_CHAINS = {"sgld": 16, "sghmc": 16, "sgnht": 64}
+# The decay-0 control's chains. SGNHT's excess is the smallest (48 chains on two noise streams:
+# +30% to +37% on the kernel weights, variance t 6.3-7.2 against 3.3; +16% to +26% on the bias, t
+# 3.6-5.5): at its regime's 16 chains the check did not reject it on one stream (t 2.2-2.7 against
+# 3.8), so it runs 48. SGLD's excess (+82% to +106%) is rejected at t above 14 with 48 chains and
+# SGHMC's (+35% to +60%) above 9, so 16 chains leave them a margin as wide.
+NO_AVERAGING_CHAINS = {"sgld": 16, "sghmc": 16, "sgnht": 48}
 
 # SGHMC's long run, as before: 16 chains x 20,000 steps at alpha = 1e-3.
 LONG = dict(num_chains=16, num_steps=20_000, alpha=1e-3)
@@ -225,11 +226,12 @@ def test_rmsprop_mass_with_slow_average_keeps_its_bias_small(name):
 @pytest.mark.parametrize("name", RMSPROP_SAMPLERS)
 def test_rmsprop_without_averaging_is_rejected(name):
     """decay = 0: the mass follows the current force, the dropped `Gamma` term matters and the
-    variance comes out far too large (+100% predicted for SGLD; module doc): every coordinate's
-    variance is rejected as too large, SGLD's by more than half."""
+    variance comes out far too large (+100% predicted for SGLD; module doc): the check rejects a
+    variance as too large, every variance comes out above the posterior's, SGLD's by more than half."""
     _, check = _run(name, "rmsprop", decay=0.0, num_chains=NO_AVERAGING_CHAINS[name])
     assert not check.passed, f"{name}: {check.summary()}"
-    assert np.all(check.variance_t > check.threshold), check.summary()
+    assert np.max(check.variance_t) > check.threshold, check.summary()
+    assert np.all(check.relative_variance_error > 0), check.summary()
     if name == "sgld":
         assert np.all(check.relative_variance_error > 0.5), check.summary()
 
