@@ -1,7 +1,7 @@
 """Step-keyed Gaussian noise.
 
-Every random draw is a pure function of (seed, step, stream), drawn with TensorFlow's stateless
-generators. The only random state is therefore the seed (in the model config) and the step
+Every random draw is a pure function of (seed, step, stream) and of the shapes drawn together,
+drawn with TensorFlow's stateless generators. The only random state is therefore the seed (in the model config) and the step
 counter (a model variable): a resumed run continues the exact noise sequence, and replicas that
 share the step draw identical noise.
 
@@ -90,10 +90,17 @@ def normal_like(key: tf.Tensor, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]
 
     One `box_muller_normal` draw for all float32 (and narrower) tensors, keyed by `key`, and one
     in float64 for the float64 tensors, keyed by `fold_in(key, 1)`; each tensor takes its
-    share in order, every share starting at a multiple of `ALIGNMENT` values. One fused draw
-    instead of one kernel call per tensor makes the step of a wide net about a third cheaper on
-    a CPU (`benchmarks/results/peers/`); its distribution passes the same high-power checks as
-    the kernel's (`benchmarks/results/normal_draw_quality.json`, tests/test_random.py).
+    share in order, every share starting at a multiple of `ALIGNMENT` values (the split shares
+    the draw's buffer; a share longer than its tensor is cut, a copy of that tensor's size).
+    One fused draw instead of one kernel call per tensor makes the step of a wide net about a
+    third cheaper on a CPU (`benchmarks/results/peers_box_muller_draw/` against
+    `benchmarks/results/peers/`); its distribution passes the same high-power checks as the
+    kernel's (`benchmarks/results/normal_draw_quality.json`, tests/test_random.py). It holds
+    about three weight-sized arrays at once while it draws (uniforms, angles, normals).
+
+    A tensor's draw depends on the sizes of the tensors before it in the list (its offset), and
+    the call consumes `key` and `fold_in(key, 1)`: key any other draw of the same step from a
+    stream of its own (`step_key`).
 
     Args:
         key: A stateless key from `step_key`.

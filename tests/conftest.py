@@ -17,7 +17,7 @@ tf.config.set_logical_device_configuration(
 
 # `KT_TEST_NORMAL_DRAW=kernel_per_variable` (a name in `benchmarks.lab.noise_draw.DRAWS`; that one
 # is TensorFlow's kernel, the samplers' draw before the fused Box-Muller one) runs the tests with
-# another exact normal draw as the samplers' (static shapes only): a fixed-seed verdict that
+# another exact normal draw as the samplers' (static shapes only, but for that one): a fixed-seed verdict that
 # changes with it is under-powered (the stored step references change, by design).
 NORMAL_DRAWS = ("kernel_per_variable", "kernel_fused", "box_muller_fused", "box_muller_aligned", "inverse_cdf_fused")
 if os.environ.get("KT_TEST_NORMAL_DRAW"):

@@ -48,9 +48,10 @@ the recent path instead: the part that follows theta shrinks as the decay approa
 averages over ~1 / (1 - decay) steps, here at least the bias's autocorrelation time), so at decay
 0.999 what is left is small but not zero: with 24 SGLD chains the bias's variance came out
 7-18% high on each of three seeds on two noise streams, which 8 chains could not resolve (on one
-stream they resolved that variance to 71% only). `test_rmsprop_mass_with_slow_average_keeps_its_bias_small`
-therefore bounds the bias (every variance within 50%, every mean within half a posterior sd, as
-upper confidence bounds) instead of asking for the exact samplers' verdict. At pSGLD's usual
+stream they resolved that variance to 71% only). `test_rmsprop_mass_with_slow_average_samples_the_posterior`
+therefore bounds SGLD's bias (every variance within 50%, every mean within half a posterior sd, as
+upper confidence bounds) instead of asking for the exact samplers' verdict (SGHMC and SGNHT, whose
+mass acts through the momentum, still pass it). At pSGLD's usual
 0.99 the check rejects SGLD on this full-batch problem
 (variance +9%, +8%, +31%, t up to 6.4 against 4.9), while SGHMC and SGNHT pass (within 3.2%):
 the bias is real and problem-dependent, so it is reported, not asserted. (With minibatches the
@@ -124,14 +125,18 @@ REPORT_ONLY = {
 }
 
 # The slow average's chains: SGLD's 8 resolved the bias's variance to 71% only, on one noise stream
-# (the bound asserted is 50%); with 24 the resolution is 16-29% (module doc).
-SLOW_AVERAGE_CHAINS = {"sgld": 24, "sghmc": 16, "sgnht": 16}
-# The decay-0 control's chains. SGNHT's excess is the smallest (48 chains on two noise streams:
-# +30% to +37% on the kernel weights, variance t 6.3-7.2 against 3.3; +16% to +26% on the bias, t
-# 3.6-5.5): at its regime's 16 chains the check did not reject it on one stream (t 2.2-2.7 against
-# 3.8), so it runs 48. SGLD's excess (+82% to +106%) is rejected at t above 14 with 48 chains and
-# SGHMC's (+35% to +60%) above 9, so 16 chains leave them a margin as wide.
-NO_AVERAGING_CHAINS = {"sgld": 16, "sghmc": 16, "sgnht": 48}
+# (the bound asserted is 50%); with 24 the resolution was 16-29% and the excess 7-18%, an upper
+# bound up to 0.47, so it runs 48 (resolution about 11-20%).
+SLOW_AVERAGE_CHAINS = {"sgld": 48, "sghmc": 16, "sgnht": 16}
+# The decay-0 control's chains and the floor of every variance's excess. Measured with 48 chains
+# on two noise streams: SGLD +82% to +106% (variance t above 14), SGHMC +35% to +60% (t above 9),
+# SGNHT +30% to +37% on the kernel weights (t 6.3-7.2 against 3.3) and +16% to +26% on the bias
+# (t 3.6-5.5). At its regime's 16 chains SGNHT was not rejected on one stream (t 2.2-2.7 against
+# 3.8), so it runs 48 with a floor of 0 (its bias's excess is too near 0.2 for that floor to hold
+# on every stream); SGHMC runs 32 (standard error of its excess about 0.05, three below its
+# smallest) with the floor of 0.2, SGLD 16 with 0.5.
+NO_AVERAGING_CHAINS = {"sgld": 16, "sghmc": 32, "sgnht": 48}
+NO_AVERAGING_FLOOR = {"sgld": 0.5, "sghmc": 0.2, "sgnht": 0.0}
 
 # SGHMC's long run, as before: 16 chains x 20,000 steps at alpha = 1e-3.
 LONG = dict(num_chains=16, num_steps=20_000, alpha=1e-3)
@@ -208,11 +213,15 @@ def test_layerwise_mass_samples_the_posterior(name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", RMSPROP_SAMPLERS)
-def test_rmsprop_mass_with_slow_average_keeps_its_bias_small(name):
-    """decay = 0.999: the mass averages over ~1000 steps and its bias shrinks (module doc), but
-    stays: the upper confidence bound of every variance error is below half the decay-0 excess,
-    of every mean error below half a posterior sd; the T = 2 control is rejected."""
+def test_rmsprop_mass_with_slow_average_samples_the_posterior(name):
+    """decay = 0.999: the mass averages over ~1000 steps and its bias shrinks (module doc). SGHMC
+    and SGNHT pass the exact samplers' check. SGLD's bias stays resolvable (module doc), so for it
+    the upper confidence bound of every variance error must be below half the decay-0 excess
+    (+100%), of every mean error below half a posterior sd; the T = 2 control is rejected."""
     result, check = _run(name, "rmsprop", num_chains=SLOW_AVERAGE_CHAINS[name])
+    if name != "sgld":
+        _assert_passes_and_hot_is_rejected(name, result, check)
+        return
     _, _, _, covariance = _problem()
     mean_bound = np.abs(check.mean_error) / np.sqrt(np.diag(covariance)) + check.detectable_mean_error
     variance_bound = np.abs(check.relative_variance_error) + check.detectable_variance_error
@@ -227,13 +236,12 @@ def test_rmsprop_mass_with_slow_average_keeps_its_bias_small(name):
 def test_rmsprop_without_averaging_is_rejected(name):
     """decay = 0: the mass follows the current force, the dropped `Gamma` term matters and the
     variance comes out far too large (+100% predicted for SGLD; module doc): the check rejects a
-    variance as too large, every variance comes out above the posterior's, SGLD's by more than half."""
+    variance as too large, and every variance comes out above the posterior's by more than the
+    sampler's floor (`NO_AVERAGING_FLOOR`)."""
     _, check = _run(name, "rmsprop", decay=0.0, num_chains=NO_AVERAGING_CHAINS[name])
     assert not check.passed, f"{name}: {check.summary()}"
     assert np.max(check.variance_t) > check.threshold, check.summary()
-    assert np.all(check.relative_variance_error > 0), check.summary()
-    if name == "sgld":
-        assert np.all(check.relative_variance_error > 0.5), check.summary()
+    assert np.all(check.relative_variance_error > NO_AVERAGING_FLOOR[name]), check.summary()
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Is a normal draw N(0, 1) and independent? High-power checks of the samplers' draw and the fused Box-Muller one.
+"""Is a normal draw N(0, 1) and independent? High-power checks of the kernel draw and the fused Box-Muller one (the samplers').
 
 `keras_thermo.random.kernel_normal_like` (TensorFlow's `stateless_normal` kernel, one keyed draw
 per tensor: the samplers' draw when this was written) and `keras_thermo.random.box_muller_normal`
