@@ -322,15 +322,24 @@ class PosteriorAverage(RecordingCallback):
         """
         if self._averager is not None:
             return self._averager.result()
+        return self._no_samples_result()
+
+    def _no_samples_result(self) -> dict[str, float]:
         if self.is_regression:
             names = _metric_names(self.levels, self.crps)
             return {**dict.fromkeys(names, float("nan")), "num_samples": 0}
         return _empty_result()
 
     def chain_results(self) -> list[dict[str, float]]:
-        """Each chain's own `result()` (its samples only), for a model with several chains;
-        empty for one chain or before the first sample."""
-        return [averager.result() for averager in self._chain_averagers]
+        """Each chain's own `result()` (its samples only), one per chain of a model with several
+        chains (a chain with no sample yet: NaN metrics, `num_samples` 0); empty for one chain or
+        before the first sample."""
+        num_chains = getattr(getattr(self, "_model", None), "num_chains", 1)
+        if self._averager is not None:  # chains after the last one that gave a sample
+            while len(self._chain_averagers) < num_chains:
+                self._chain_averagers.append(self._new_averager())
+        return [averager.result() if averager.num_samples else self._no_samples_result()
+                for averager in self._chain_averagers]
 
     def on_epoch_end(self, epoch, logs=None):
         self._drain()
