@@ -334,7 +334,7 @@ class PosteriorAverage(RecordingCallback):
         """Each chain's own `result()` (its samples only), one per chain of a model with several
         chains (a chain with no sample yet: NaN metrics, `num_samples` 0); empty for one chain or
         before the first sample."""
-        num_chains = getattr(getattr(self, "_model", None), "num_chains", 1)
+        num_chains = getattr(getattr(self, "recorder", None), "num_chains", None) or 1
         if self._averager is not None:  # chains after the last one that gave a sample
             while len(self._chain_averagers) < num_chains:
                 self._chain_averagers.append(self._new_averager())

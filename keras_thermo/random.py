@@ -1,9 +1,9 @@
 """Step-keyed Gaussian noise.
 
 Every random draw is a pure function of (seed, step, stream) and of the shapes drawn together,
-drawn with TensorFlow's stateless generators. The only random state is therefore the seed (in the model config) and the step
-counter (a model variable): a resumed run continues the exact noise sequence, and replicas that
-share the step draw identical noise.
+drawn with TensorFlow's stateless generators. The only random state is therefore the seed (in
+the model config) and the step counter (a model variable): a resumed run continues the exact
+noise sequence, and replicas that share the step draw identical noise.
 
 Normals come from one Philox uniform draw per call, turned into normals by Box-Muller and split
 into the tensors (`normal_like`); TensorFlow's own normal kernel, one keyed draw per tensor, is
@@ -92,9 +92,9 @@ def normal_like(key: tf.Tensor, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]
     in float64 for the float64 tensors, keyed by `fold_in(key, 1)`; each tensor takes its
     share in order, every share starting at a multiple of `ALIGNMENT` values (the split shares
     the draw's buffer; a share longer than its tensor is cut, a copy of that tensor's size).
-    One fused draw instead of one kernel call per tensor makes the step of a wide net about a
-    third cheaper on a CPU (`benchmarks/results/peers_box_muller_draw/` against
-    `benchmarks/results/peers/`); its distribution passes the same high-power checks as the
+    One fused draw instead of one kernel call per tensor took SGLD's step from 1.10-1.22x to
+    0.80-0.87x of a hand-written Keras SGLD step at widths 512-2048 on a CPU
+    (`benchmarks/results/peers/` against `benchmarks/results/peers_fused_draw/`); its distribution passes the same high-power checks as the
     kernel's (`benchmarks/results/normal_draw_quality.json`, tests/test_random.py). It holds
     about three weight-sized arrays at once while it draws (uniforms, angles, normals).
 
