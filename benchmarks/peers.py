@@ -13,10 +13,13 @@ likelihood weight is realistic, a N(0, 1) prior on every weight):
   `keras_sgd` (`keras.optimizers.SGD`, the framework's floor), `keras_sgld_handwritten` (SGLD as
   a user would write it as a Keras `train_step`: tape, gradient of `N * mean loss + prior`, one
   `tf.random.normal` and one `assign_add` per weight; the baseline every ratio is taken against),
+  `keras_uniform_floor` (the hand-written step with its normals replaced by the Philox uniforms
+  an exact normal draw is made from: a floor for any SGLD step on TensorFlow's generators),
   and keras_thermo's `kt_sgld`, `kt_sghmc`, `kt_sgnht`, `kt_ccadl`, `kt_mccadl` (a given step
   size, everything else at its default, the default temperature check included).
-- `blackjax` (optional: JAX, jitted, the steps under `jax.lax.scan`): `blackjax_sgld`,
-  `blackjax_sghmc` (one integration step per update), with `blackjax.sgmcmc.gradients.grad_estimator`.
+- `blackjax` (optional: JAX, jitted, the steps under `jax.lax.scan`): `blackjax_sgld` and
+  `blackjax_sghmc` (blackjax's SGHMC diffusion with the momentum carried across steps, one
+  gradient per step, as keras_thermo's SGHMC), with `blackjax.sgmcmc.gradients.grad_estimator`.
 - `posteriors` (optional: PyTorch, eager, `torch.set_num_threads(2)`): `posteriors_sgld`,
   `posteriors_sghmc`.
 
@@ -61,7 +64,7 @@ STEP_SIZE = 1e-5
 #: The width x batch cells of the sweep.
 CELLS = ("128x128", "512x32", "512x512", "2048x128")
 LIBRARIES = ("keras", "blackjax", "posteriors")
-KERAS_METHODS = ("keras_sgd", "keras_sgld_handwritten", "kt_sgld", "kt_sghmc", "kt_sgnht", "kt_ccadl", "kt_mccadl")
+KERAS_METHODS = ("keras_sgd", "keras_uniform_floor", "keras_sgld_handwritten", "kt_sgld", "kt_sghmc", "kt_sgnht", "kt_ccadl", "kt_mccadl")
 BASELINE = "keras_sgld_handwritten"
 PEER_METHODS = ("blackjax_sgld", "blackjax_sghmc", "posteriors_sgld", "posteriors_sghmc")
 ALL_METHODS = KERAS_METHODS + PEER_METHODS
@@ -93,9 +96,10 @@ def random_batches(width_batch: tuple[int, int], seed: int = 0):
 # keras: Keras SGD, the hand-written SGLD step, keras_thermo's samplers
 
 
-def keras_worker(width: int, batch: int, steps: int, repeat: int, methods=KERAS_METHODS) -> dict:
+def keras_worker(width: int, batch: int, steps: int, repeat: int, methods=KERAS_METHODS, jit_compile: bool = False) -> dict:
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     import keras  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
 
     tf.config.threading.set_inter_op_parallelism_threads(THREADS)
@@ -141,6 +145,30 @@ def keras_worker(width: int, batch: int, steps: int, repeat: int, methods=KERAS_
                 w.assign_add(-0.5 * self.eps * g + self.eps**0.5 * tf.random.normal(tf.shape(w)))
             return {"loss": mean_loss}
 
+    class UniformFloor(HandwrittenSGLD):
+        """The hand-written step with its normals replaced by the Philox uniforms they would be
+        made from (one draw of all Nd, split per weight): not a sampler, a floor. Every exact
+        normal draw on TensorFlow's generators reads at least these random bits, so no
+        TensorFlow SGLD step in `fit` costs less."""
+
+        def __init__(self, inner):
+            super().__init__(inner)
+            self._step = tf.Variable(0, dtype=tf.int32, trainable=False)  # the draws' counter
+
+        def train_step(self, data):
+            inputs, labels = data
+            weights = self.trainable_variables
+            with tf.GradientTape() as tape:
+                mean_loss = loss(labels, self(inputs, training=True))
+                prior = tf.add_n([tf.reduce_sum(tf.square(w)) for w in weights]) / (2 * PRIOR_STD**2)
+                potential = NUM_EXAMPLES * mean_loss + prior
+            sizes = [int(np.prod(w.shape)) for w in weights]
+            uniforms = tf.random.stateless_uniform([sum(sizes)], seed=[0, self._step], alg="philox")
+            self._step.assign_add(1)
+            for w, g, u in zip(weights, tape.gradient(potential, weights), tf.split(uniforms, sizes)):
+                w.assign_add(-0.5 * self.eps * g + self.eps**0.5 * tf.reshape(u, w.shape))
+            return {"loss": mean_loss}
+
     samplers = {
         "kt_sgld": lambda: kt.samplers.SGLD(STEP_SIZE**2),
         "kt_sghmc": lambda: kt.samplers.SGHMC(STEP_SIZE),
@@ -152,14 +180,15 @@ def keras_worker(width: int, batch: int, steps: int, repeat: int, methods=KERAS_
     for method in methods:
         if method == "keras_sgd":
             model = net()
-            model.compile(optimizer=keras.optimizers.SGD(1e-3), loss=loss, steps_per_execution=STEPS_PER_EXECUTION)
-        elif method == BASELINE:
-            model = HandwrittenSGLD(net())
-            model.compile(loss=loss, steps_per_execution=STEPS_PER_EXECUTION)
+            model.compile(optimizer=keras.optimizers.SGD(1e-3), loss=loss, steps_per_execution=STEPS_PER_EXECUTION,
+                          jit_compile=jit_compile)
+        elif method in (BASELINE, "keras_uniform_floor"):
+            model = (HandwrittenSGLD if method == BASELINE else UniformFloor)(net())
+            model.compile(loss=loss, steps_per_execution=STEPS_PER_EXECUTION, jit_compile=jit_compile)
         else:
             model = kt.BayesianModel(net(), samplers[method](), num_examples=NUM_EXAMPLES,
                                      prior=kt.priors.Gaussian(PRIOR_STD), seed=0)
-            model.compile(loss=loss, steps_per_execution=STEPS_PER_EXECUTION)
+            model.compile(loss=loss, steps_per_execution=STEPS_PER_EXECUTION, jit_compile=jit_compile)
         models[method] = model
 
     def fit(model, count):
@@ -215,23 +244,38 @@ def blackjax_worker(width: int, batch: int, steps: int, repeat: int, methods=Non
         return jax.nn.log_softmax(logits(position, inputs[None]))[0, label]
 
     gradients = blackjax.sgmcmc.gradients.grad_estimator(logprior, loglikelihood, NUM_EXAMPLES)
+    sgld = blackjax.sgld(gradients)
+    # SGHMC as keras_thermo (and Chen et al.) run it: the momentum carried from step to step, one
+    # gradient per step, through blackjax's own SGHMC diffusion. `blackjax.sghmc(...).step`
+    # redraws the momentum at every call; with one integration step the gradient it computes
+    # feeds only the momentum it then drops, and XLA removes it (its jaxpr has 20 equations to
+    # SGLD's 167): that step moves the weights by noise alone and costs no gradient.
+    sghmc = blackjax.sgmcmc.diffusions.sghmc()
+
+    def sgld_step(carry, key, minibatch):
+        return sgld.step(key, carry, minibatch, STEP_SIZE**2)
+
+    def sghmc_step(carry, key, minibatch):
+        position, momentum = carry
+        return sghmc(key, position, momentum, gradients(position, minibatch), STEP_SIZE**2)
+
     kernels = {
-        "blackjax_sgld": (blackjax.sgld(gradients), STEP_SIZE**2),
-        "blackjax_sghmc": (blackjax.sghmc(gradients, num_integration_steps=1), STEP_SIZE**2),
+        "blackjax_sgld": (sgld_step, lambda position: position),
+        "blackjax_sghmc": (sghmc_step, lambda position: (position, jax.tree.map(jnp.zeros_like, position))),
     }
 
     def run(method, count):
-        kernel, step_size = kernels[method]
+        step, init = kernels[method]
 
         @jax.jit
         def chain(position, key):
-            def one(position, inputs):
+            def one(carry, inputs):
                 index, step_key = inputs
                 minibatch = (x[index % DISTINCT_BATCHES], y[index % DISTINCT_BATCHES])
-                return kernel.step(step_key, position, minibatch, step_size), None
+                return step(carry, step_key, minibatch), None
 
-            position, _ = jax.lax.scan(one, position, (jnp.arange(count), jax.random.split(key, count)))
-            return position
+            carry, _ = jax.lax.scan(one, init(position), (jnp.arange(count), jax.random.split(key, count)))
+            return carry
 
         return chain
 
@@ -309,10 +353,12 @@ def installed(library: str) -> bool:
     return importlib.util.find_spec(REQUIRES[library]) is not None
 
 
-def run_worker(library: str, width: int, batch: int, steps: int, repeat: int, methods) -> dict:
+def run_worker(library: str, width: int, batch: int, steps: int, repeat: int, methods, jit_compile: bool = False) -> dict:
     """One worker process; returns its `{method: ms per step}` or `{"error": ...}`."""
     command = [sys.executable, "-m", "benchmarks.peers", "--worker", library, "--cells", f"{width}x{batch}",
                "--steps", str(steps), "--repeat-index", str(repeat), "--methods", *methods]
+    if jit_compile:
+        command.append("--jit-compile")
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": "tensorflow"}
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parent.parent)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -380,6 +426,8 @@ def main(argv=None) -> int:
                         help=f"the methods to time (default all; {BASELINE} is always timed, every ratio is to it)")
     parser.add_argument("--table-from", metavar="PEERS_JSON",
                         help="only rewrite table.md beside an earlier run's peers.json (and print it)")
+    parser.add_argument("--jit-compile", action="store_true",
+                        help="compile every Keras method's step with XLA (`compile(jit_compile=True)`), as blackjax's is")
     parser.add_argument("--worker", choices=LIBRARIES, help=argparse.SUPPRESS)
     parser.add_argument("--repeat-index", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -394,9 +442,11 @@ def main(argv=None) -> int:
     if args.worker:
         width, batch = cells[0]
         methods = [m for m in ALL_METHODS if m in args.methods or m == BASELINE]
+        options = {}
         if args.worker == "keras":
             methods = [m for m in methods if m in KERAS_METHODS]
-        print(json.dumps(WORKERS[args.worker](width, batch, args.steps, args.repeat_index, methods)), flush=True)
+            options = {"jit_compile": args.jit_compile}
+        print(json.dumps(WORKERS[args.worker](width, batch, args.steps, args.repeat_index, methods, **options)), flush=True)
         return 0
 
     libraries = [lib for lib in args.libraries if lib == "keras" or any(m.startswith(lib) for m in args.methods)]
@@ -408,7 +458,7 @@ def main(argv=None) -> int:
             "net": f"MLP {INPUTS}-w-w-{CLASSES}, ReLU, sparse softmax cross-entropy, N = {NUM_EXAMPLES}, prior N(0, {PRIOR_STD}^2)",
             "step_size": f"h = {STEP_SIZE} (SGLD eps = h^2), everything else at each library's default",
             "keras": f"fit on {DISTINCT_BATCHES} distinct random batches repeated, steps_per_execution={STEPS_PER_EXECUTION}, "
-                     f"{THREADS} TensorFlow threads",
+                     f"{THREADS} TensorFlow threads" + (", jit_compile=True (XLA)" if args.jit_compile else ""),
             "blackjax": "jax.jit of jax.lax.scan over the steps",
             "posteriors": f"eager PyTorch, torch.set_num_threads({THREADS})",
             "steps": args.steps, "repeats": args.repeats,
@@ -427,7 +477,7 @@ def main(argv=None) -> int:
             shift = repeat % len(available)
             merged = {}
             for library in available[shift:] + available[:shift]:
-                figures = run_worker(library, width, batch, args.steps, repeat, args.methods)
+                figures = run_worker(library, width, batch, args.steps, repeat, args.methods, args.jit_compile)
                 if "error" in figures:
                     missing[library] = f"{library} failed: {figures['error']}"
                     print(f"{name} repeat {repeat}: {library} failed: {figures['error']}", flush=True)

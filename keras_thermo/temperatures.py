@@ -33,25 +33,30 @@ def kinetic_temperature(momentum: Sequence[tf.Tensor], mass, num_params: int) ->
     return twice_kinetic_energy(momentum, mass) / float(num_params)
 
 
+def _dot(theta: tf.Tensor, force: tf.Tensor) -> tf.Tensor:
+    """`theta . F` as a float64 scalar: the products in the weights' dtype, summed along the last
+    axis in that dtype (a row of m terms to within about `m 2^-24 sum_row |theta_i F_i|` in
+    float32, far less in practice: TensorFlow sums in blocks), the rows in float64. The terms
+    cancel (the total crosses zero while they reach `|theta . F|`), hence float64 across rows;
+    casting every product to float64 first cost several times more on a CPU (a weight-sized
+    float64 array written and read back; `python -m benchmarks.peers`, the temperature check's
+    share of the step)."""
+    product = theta * tf.cast(force, theta.dtype)
+    if product.shape.rank is not None and product.shape.rank >= 2:
+        return tf.reduce_sum(tf.cast(tf.reduce_sum(product, axis=-1), tf.float64))
+    return tf.cast(tf.reduce_sum(product), tf.float64)
+
+
 def configurational_temperature(params, force) -> tf.Tensor:
     """`-theta . F / Nd` with the step's own force: averages T at equilibrium for any sampler
     (integration by parts of `theta . grad U` against `exp(-U/T)`), unlike the kinetic temperature,
     which a thermostat holds at T by construction. One step's value is noisy (minibatch force);
-    its running average is the check.
-
-    The terms cancel (the value crosses zero while they reach `|theta . F| / Nd`), so they are
-    summed in float64; each product is rounded to float32 first (an error of at most `2^-24`
-    of `sum |theta_i F_i|`, far below one step's minibatch noise), which halves the cost of
-    casting both factors (`python -m benchmarks.lab.step_pieces`)."""
-    total = tf.add_n([tf.reduce_sum(tf.cast(theta * tf.cast(f, theta.dtype), tf.float64)) for theta, f in zip(params, force)])
+    its running average is the check. The sums as in `_dot`."""
+    total = tf.add_n([_dot(theta, f) for theta, f in zip(params, force)])
     return tf.cast(-total / float(sum(p.shape.num_elements() for p in params)), tf.float32)
 
 
 def variable_configurational_temperatures(params, force) -> list[tf.Tensor]:
-    """`-theta_v . F_v / n_v` per variable (float64), with the step's force `F = -grad U`: each
-    product rounded to float32 and summed in float64, as `configurational_temperature` does (one
-    float32 product instead of two float64 copies of every weight and force)."""
-    return [
-        -tf.reduce_sum(tf.cast(theta * tf.cast(f, theta.dtype), tf.float64)) / float(np.prod(theta.shape))
-        for theta, f in zip(params, force)
-    ]
+    """`-theta_v . F_v / n_v` per variable (float64), with the step's force `F = -grad U`, summed
+    as in `_dot`."""
+    return [-_dot(theta, f) / float(np.prod(theta.shape)) for theta, f in zip(params, force)]

@@ -15,8 +15,10 @@ per step), next to the Keras SGD step (`fit`, median per step) of the same round
   since the step's pass cuts; the committed `step_pieces.json` timed its earlier `sum(0 * t)`);
 * `configurational_temperature_float64_products`: `-theta . F / Nd` with both factors cast to
   float64 (the log before);
+* `configurational_temperature_float64_sums`: float32 products, each cast to float64 and summed
+  (the log before the row sums);
 * `configurational_temperature`: `keras_thermo.model.configurational_temperature` (now: float32
-  products summed in float64);
+  products summed along the last axis in float32, the rows in float64);
 * `kinetic_energy`: `p . p` in float32 (the kinetic temperature and the thermostat's input);
 * `guarded_assign_select`: one `tf.where(ok, new, old)` per variable, as the NaN guard applied
   it before (now only under a distribution strategy; one replica assigns under `tf.cond`).
@@ -43,7 +45,7 @@ from keras_thermo import random as kt_random
 from keras_thermo.model import all_finite, configurational_temperature
 
 PIECES = ("noise_draw", "finite_check_boolean", "finite_check_sum", "configurational_temperature_float64_products",
-          "configurational_temperature", "kinetic_energy", "guarded_assign_select")
+          "configurational_temperature_float64_sums", "configurational_temperature", "kinetic_energy", "guarded_assign_select")
 
 
 def piece_functions(weights: list[np.ndarray]) -> dict:
@@ -66,6 +68,10 @@ def piece_functions(weights: list[np.ndarray]) -> dict:
         total = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float64) * tf.cast(f, tf.float64)) for t, f in zip(moved(i), force)])
         return tf.cast(-total, tf.float32)
 
+    def float64_sums(i):
+        total = tf.add_n([tf.reduce_sum(tf.cast(t * f, tf.float64)) for t, f in zip(moved(i), force)])
+        return tf.cast(-total, tf.float32)
+
     def select(i):
         ok = tf.cast(i, tf.float32) > -1.0
         return first([tf.where(ok, new, old) for new, old in zip(moved(i), force)])
@@ -77,6 +83,7 @@ def piece_functions(weights: list[np.ndarray]) -> dict:
         "finite_check_boolean": boolean_check,
         "finite_check_sum": lambda i: tf.cast(all_finite(moved(i) + force), tf.float32),
         "configurational_temperature_float64_products": float64_products,
+        "configurational_temperature_float64_sums": float64_sums,
         "configurational_temperature": lambda i: configurational_temperature(moved(i), force),
         "kinetic_energy": lambda i: tf.add_n([tf.reduce_sum(tf.square(t)) for t in moved(i)]),
         "guarded_assign_select": select,
