@@ -208,17 +208,27 @@ class CCAdL(ThermostatSampler):
         return covariance_average.diagonal_average(state.covariance, per_example, params, weight)
 
     def _covariance_times(self, average, momentum, params) -> list[tf.Tensor]:
-        """`I_t p`, per variable (float32, like the momenta)."""
+        """`I_t p`, per variable (float32, like the momenta); `average` in float64 or already
+        cast (`_as_float32`)."""
         if self.covariance == "full":
             product = tf.linalg.matvec(integrators.as_float32(average), _tree.flatten(momentum))
             return _tree.unflatten(product, params)
         return [integrators.as_float32(var) * p for var, p in zip(average, momentum)]
 
+    @staticmethod
+    def _as_float32(average):
+        """The float64 average cast once per step for the products that read it (a cast is a
+        pass over a weight-sized array; a float32 input passes through)."""
+        if isinstance(average, (list, tuple)):
+            return [integrators.as_float32(v) for v in average]
+        return integrators.as_float32(average)
+
     def _friction_excess(self, momentum, mass, average, params, strength) -> list[tf.Tensor]:
         """Each tensor's share of `p.M^-1.C.p / 2`, `C p = strength I_t p` (scalar M) or
         `strength I_t M^-1 p` (diagonal M), as the covariance friction of `update` applies it."""
         masses = integrators.per_tensor(mass, len(momentum))
-        scaled = [p / m for p, m in zip(momentum, masses)]  # M^-1 p
+        # M^-1 p (a unit scalar mass divides by nothing: no pass over the momenta)
+        scaled = [p if isinstance(m, float) and m == 1.0 else p / m for p, m in zip(momentum, masses)]
         operand = momentum if self.preconditioner is None else scaled
         friction = self._covariance_times(average, operand, params)
         return [0.5 * strength * tf.reduce_sum(u * f) for u, f in zip(scaled, friction)]
@@ -235,10 +245,13 @@ class CCAdL(ThermostatSampler):
     def _largest_diagonal(average, inverse_mass=None) -> tf.Tensor:
         """`max_i I_ii` (or `max_i I_ii / m_i`): a lower bound on the largest eigenvalue of
         `I_t` (of `M^-1/2 I_t M^-1/2`), exact for the diagonal covariance."""
-        if isinstance(average, (list, tuple)):
-            diagonal = tf.concat([tf.reshape(integrators.as_float32(v), [-1]) for v in average], axis=0)
-        else:
-            diagonal = integrators.as_float32(tf.linalg.diag_part(average))
+        if isinstance(average, (list, tuple)):  # each variable's largest (no concatenated copy)
+            weights = [None] * len(average) if inverse_mass is None else inverse_mass
+            return tf.reduce_max(tf.stack([
+                tf.reduce_max(integrators.as_float32(v) if w is None else integrators.as_float32(v) * w)
+                for v, w in zip(average, weights)
+            ]))
+        diagonal = integrators.as_float32(tf.linalg.diag_part(average))
         if inverse_mass is not None:
             diagonal = diagonal * _tree.flatten(inverse_mass)
         return tf.reduce_max(diagonal)
@@ -263,13 +276,14 @@ class CCAdL(ThermostatSampler):
         state, mass, preconditioner, _ = self.start_step(state, params, force, context)
 
         average = self._moving_average(state, per_example, params)
+        average32 = self._as_float32(average)
         if self.preconditioner is None:
             # The papers' Sigma is defined by F~ = -grad U + sqrt(Sigma) M^1/2 R, i.e. the force
             # covariance divided by the mass: Sigma = (N^2/n) I_t / M.
             sigma_scale = force_noise_scale(context) / self.mass
-            sigma_p = [sigma_scale * v for v in self._covariance_times(average, state.momentum, params)]
+            sigma_p = [sigma_scale * v for v in self._covariance_times(average32, state.momentum, params)]
             noise_scale = sigma_scale * self._trace(average) / float(num_params)
-            largest = sigma_scale * self._largest_diagonal(average)
+            largest = sigma_scale * self._largest_diagonal(average32)
         else:
             # Diagonal mass M. The force noise B = (N^2/n) I_t enters p with covariance h^2 B per
             # step; in q = M^-1/2 p (q ~ N(0, T I) at equilibrium) it is M^-1/2 B M^-1/2 =: Sigma,
@@ -280,10 +294,10 @@ class CCAdL(ThermostatSampler):
             inverse_mass = [1.0 / m for m in mass]
             sigma_scale = force_noise_scale(context)
             scaled_momentum = [p * w for p, w in zip(state.momentum, inverse_mass)]
-            sigma_p = [sigma_scale * v for v in self._covariance_times(average, scaled_momentum, params)]
+            sigma_p = [sigma_scale * v for v in self._covariance_times(average32, scaled_momentum, params)]
             full_inverse = [tf.broadcast_to(w, p.shape) for w, p in zip(inverse_mass, params)]
-            noise_scale = sigma_scale * self._trace(average, full_inverse) / float(num_params)
-            largest = sigma_scale * self._largest_diagonal(average, full_inverse)
+            noise_scale = sigma_scale * self._trace(average32, full_inverse) / float(num_params)
+            largest = sigma_scale * self._largest_diagonal(average32, full_inverse)
         # p + h (F - (h/2) beta Sigma p) - h xi p + noise is the paper's momentum update (inside
         # the automatic step's window without the Sigma term: `covariance_friction_weight`).
         rate = (0.5 * h * beta) * self.covariance_friction_weight(state.step)
@@ -299,7 +313,7 @@ class CCAdL(ThermostatSampler):
         # p.M^-1.p settles xi above A, and the positions run cold by about mean(C) / 2 (module
         # doc). It reads `p.M^-1.p - p.M^-1.C.p / 2`, the energy the positions equilibrate with.
         strength = h * rate * sigma_scale
-        excess = self._friction_excess(momentum, mass, average, params, strength)
+        excess = self._friction_excess(momentum, mass, average32, params, strength)
         variable_sizes = thermostat_kwargs["variable_sizes"]
         energy = integrators.thermostat_energy(momentum, mass, variable_sizes)
         energy = energy - (tf.stack(excess) if variable_sizes is not None else tf.add_n(excess))
