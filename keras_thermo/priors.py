@@ -30,6 +30,14 @@ class Prior:
     def __call__(self, variables: Sequence[tf.Variable]) -> tf.Tensor:
         raise NotImplementedError
 
+    def force(self, variables: Sequence[tf.Variable]) -> list[tf.Tensor] | None:
+        """`-grad R` per variable in closed form (each in its variable's dtype), or None (the
+        default): the sampling step then differentiates `R` with the rest of `U`. A closed form
+        is one product per weight where differentiating `R` costs three passes over it (a
+        broadcast and two products) before the sum with the data's force."""
+        del variables
+        return None
+
     # --- state (none by default) ----------------------------------------------------------------
 
     def initial_state(self, variables: Sequence[tf.Variable]) -> list[tf.Tensor]:
@@ -123,6 +131,16 @@ class Gaussian(Prior):
             total += size * 0.5 * math.log(2.0 * math.pi * std**2)
         return total
 
+    def force(self, variables: Sequence[tf.Variable]) -> list[tf.Tensor]:
+        """`-theta / std^2`, rounded as the derivative of `theta^2 / (2 std^2)` is (the
+        coefficient `-2 / (2 std^2)` in the variable's dtype): the numbers differentiation gives."""
+        forces = []
+        for variable, std in zip(variables, self.stds_for(variables)):
+            value = tf.convert_to_tensor(variable)
+            coefficient = tf.constant(-2.0, value.dtype) / tf.constant(2.0 * std**2, value.dtype)
+            forces.append(value * coefficient)
+        return forces
+
     def get_config(self) -> dict:
         return {"std": self.std}
 
@@ -194,6 +212,14 @@ class Laplace(Prior):
             total += tf.reduce_sum(tf.abs(value)) / self.scale
             total += tf.cast(tf.size(value), tf.float32) * math.log(2.0 * self.scale)
         return total
+
+    def force(self, variables: Sequence[tf.Variable]) -> list[tf.Tensor]:
+        """`-sign(theta) / b` (0 at 0, as differentiation gives)."""
+        forces = []
+        for variable in variables:
+            value = tf.convert_to_tensor(variable)
+            forces.append(tf.sign(value) * (tf.constant(-1.0, value.dtype) / tf.constant(self.scale, value.dtype)))
+        return forces
 
     def get_config(self) -> dict:
         return {"scale": self.scale}
@@ -301,6 +327,11 @@ class HierarchicalGaussian(Prior):
             # -log Gamma(lambda; alpha, beta): constant in the weights, part of the joint U.
             total += log_normaliser - (self.alpha - 1.0) * log_precision + self.beta * precision
         return total
+
+    def force(self, variables: Sequence[tf.Variable]) -> list[tf.Tensor]:
+        """`-lambda_v theta` with each variable's current precision."""
+        values = [tf.convert_to_tensor(variable) for variable in variables]
+        return [value * tf.cast(-precision, value.dtype) for value, precision in zip(values, self.precisions(variables))]
 
     def conditional(self, variables, temperature) -> list[tuple[tf.Tensor, tf.Tensor]]:
         """`(shape, rate)` (float64) of each precision's conditional at temperature T."""

@@ -89,12 +89,14 @@ class SamplingStep:
     """`train_step` and what it calls, for `BayesianModel` (a mixin: the model's variables,
     sampler and `_runtime` are the model's own)."""
 
-    def compute_potential(self, x, y, sample_weight=None, training=True):
+    def compute_potential(self, x, y, sample_weight=None, training=True, *, differentiate_prior=True):
         """Returns `(U, L, y_pred)` for a batch: `U = N * L + R` (DESIGN section 3).
 
         Under a `tf.distribute` strategy with r replicas this is the replica's share: Keras
         divides the loss of each replica's slice by r, and the prior is divided by r here, so the
-        replicas' `U` (and their gradients) sum to the global batch's.
+        replicas' `U` (and their gradients) sum to the global batch's. With
+        `differentiate_prior=False` R enters U's value but not its gradient (the step then adds
+        the prior's closed-form force, `_prior_force`).
         """
         y_pred = self(x, training=training)
         loss = self._compute_loss(
@@ -102,7 +104,8 @@ class SamplingStep:
         )
         potential = tf.cast(self.likelihood_weight, loss.dtype) * loss
         if self.prior is not None:
-            potential += self._prior_share(loss.dtype)
+            prior = self._prior_share(loss.dtype)
+            potential += prior if differentiate_prior else tf.stop_gradient(prior)
         return potential, loss, y_pred
 
     def _prior_share(self, dtype) -> tf.Tensor:
@@ -110,6 +113,17 @@ class SamplingStep:
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
         prior = tf.cast(self.prior(self.trainable_variables), dtype)
         return prior / replicas if replicas > 1 else prior
+
+    def _prior_force(self) -> list | None:
+        """`-grad R` of the prior in closed form (`Prior.force`), this replica's share, or None
+        (no prior, or one without a closed form: the tape differentiates R)."""
+        if self.prior is None:
+            return None
+        force = self.prior.force(self.trainable_variables)
+        if force is None:
+            return None
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        return [f / replicas for f in force] if replicas > 1 else list(force)
 
     def _shares_backward_pass(self, recording, cross) -> bool:
         """Whether the force's loss term comes from the engine's backward pass (the sum of the
@@ -136,15 +150,17 @@ class SamplingStep:
         """
         variables = self.trainable_variables if wrt is None else list(wrt)
         shared = self._shares_backward_pass(recording, cross)
+        prior_force = self._prior_force()  # the chain's own values under its StatelessScope
+        closed_form = prior_force is not None
         with tf.GradientTape() as tape:
             if wrt is not None:
                 tape.watch(variables)
             with recording if recording is not None else contextlib.nullcontext():
-                potential, loss, y_pred = self.compute_potential(x, y, sample_weight)
+                potential, loss, y_pred = self.compute_potential(x, y, sample_weight, differentiate_prior=not closed_form)
             if shared:  # U less its data term: N times the layers' own losses (summed as Keras does), and R
                 terms = [tf.cast(self.likelihood_weight, loss.dtype) * tf.reduce_sum(tf.cast(extra, loss.dtype))
                          for extra in self.losses]
-                if self.prior is not None:
+                if self.prior is not None and not closed_form:
                     terms.append(self._prior_share(loss.dtype))
                 rest = tf.add_n(terms) if terms else None
         per_example = None
@@ -164,6 +180,8 @@ class SamplingStep:
             force = _negative_gradient(tape, potential, variables)
             if self.sampler.needs_per_example_gradients:
                 per_example = self._per_example_gradients(x, y, sample_weight, cross, recording, y_pred, wrt)
+        if closed_form:
+            force = [p if f is None else f + tf.cast(p, f.dtype) for f, p in zip(force, prior_force)]
         force = [tf.convert_to_tensor(f) if f is not None else tf.zeros_like(v) for f, v in zip(force, variables)]
         return force, potential, loss, y_pred, per_example
 

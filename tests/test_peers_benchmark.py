@@ -48,10 +48,20 @@ def test_a_tiny_sweep_runs_end_to_end(tmp_path):
     requested method is timed against the hand-written step in each repetition."""
     out = tmp_path / "peers"
     assert peers.main(["--out", str(out), "--libraries", "keras", "--cells", "16x8", "--steps", "20",
-                       "--repeats", "2", "--methods", "keras_sgd", "kt_sgld", "kt_sgnht"]) == 0
+                       "--repeats", "2", "--methods", "keras_sgd", "keras_uniform_floor", "kt_sgld", "kt_sgnht"]) == 0
     report = json.loads((out / "peers.json").read_text())
     cell = report["cells"]["16x8"]
     assert len(cell["repetitions"]) == 2
-    assert set(cell["summary"]) == {"keras_sgd", peers.BASELINE, "kt_sgld", "kt_sgnht"}
+    assert set(cell["summary"]) == {"keras_sgd", "keras_uniform_floor", peers.BASELINE, "kt_sgld", "kt_sgnht"}
     assert all(figures["ms_per_step"] > 0 and figures["repetitions"] == 2 for figures in cell["summary"].values())
     assert "width 16, batch 8" in (out / "table.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_sweep_compiles_the_keras_methods_with_xla_when_asked(tmp_path):
+    out = tmp_path / "peers"
+    assert peers.main(["--out", str(out), "--libraries", "keras", "--cells", "16x8", "--steps", "20",
+                       "--repeats", "1", "--methods", "kt_sgld", "--jit-compile"]) == 0
+    report = json.loads((out / "peers.json").read_text())
+    assert "jit_compile=True" in report["protocol"]["keras"]
+    assert set(report["cells"]["16x8"]["summary"]) == {peers.BASELINE, "kt_sgld"}

@@ -225,3 +225,69 @@ def test_fan_in_gaussian_config_round_trip_and_bad_scale():
     assert restored.get_config() == {"scale": 0.5, "bias_std": 2.0}
     with pytest.raises(ValueError, match="scale"):
         kt.priors.FanInGaussian(scale=0.0)
+
+
+def _differentiated_force(prior, weights):
+    with tf.GradientTape() as tape:
+        tape.watch(weights)
+        value = prior(weights)
+    return [-g for g in tape.gradient(value, weights)]
+
+
+@pytest.mark.parametrize("prior", [
+    kt.priors.Gaussian(std=1.0), kt.priors.Gaussian(std=0.3), kt.priors.Gaussian(std=[10.0, 0.7]),
+    kt.priors.FanInGaussian(scale=1.3, bias_std=0.2), kt.priors.Laplace(scale=0.37),
+], ids=["gaussian-1", "gaussian-0.3", "gaussian-per-variable", "fan-in", "laplace"])
+def test_a_closed_form_prior_force_is_the_differentiated_one_bit_for_bit(prior):
+    weights = [tf.constant(np.linspace(-1.3, 1.7, 6).reshape(2, 3), tf.float32), tf.constant([0.0, 0.37], tf.float32)]
+    closed = prior.force(weights)
+    for mine, differentiated in zip(closed, _differentiated_force(prior, weights)):
+        np.testing.assert_array_equal(mine.numpy(), differentiated.numpy())
+
+
+def test_the_hierarchical_prior_force_follows_its_current_precisions():
+    prior = kt.priors.HierarchicalGaussian(alpha=2.0, beta=3.0)
+    weights = _weights()
+    for mine, differentiated in zip(prior.force(weights), _differentiated_force(prior, weights)):
+        np.testing.assert_allclose(mine.numpy(), differentiated.numpy(), rtol=1e-6)
+
+
+class _DifferentiatedGaussian(kt.priors.Prior):
+    """A Gaussian prior without a closed-form force: the step differentiates it."""
+
+    def __init__(self, std):
+        self.gaussian = kt.priors.Gaussian(std=std)
+
+    def __call__(self, variables):
+        return self.gaussian(variables)
+
+
+class _DoubledForceGaussian(kt.priors.Gaussian):
+    """A wrong closed form (twice the force), to show the step reads `Prior.force`."""
+
+    def force(self, variables):
+        return [2.0 * f for f in super().force(variables)]
+
+
+@pytest.mark.parametrize("make_sampler", [lambda: kt.samplers.SGHMC(1e-2, friction=1.0),
+                                          lambda: kt.samplers.CCAdL(1e-2, friction=1.0, warmup_steps=0)],
+                         ids=["sghmc", "ccadl"])
+def test_the_step_with_the_closed_form_prior_force_moves_as_the_differentiated_prior(make_sampler):
+    """The step adds `Prior.force` to the data's force instead of differentiating R; a prior
+    without a closed form is differentiated. Both give the same chain, bit for bit (CCAdL: the
+    per-example engine's shared backward pass)."""
+    x = np.random.default_rng(0).normal(size=(32, 3)).astype("float32")
+    y = x @ np.array([[1.0], [-2.0], [0.5]], "float32")
+    chains = []
+    for prior in (kt.priors.Gaussian(std=0.3), _DifferentiatedGaussian(std=0.3), _DoubledForceGaussian(std=0.3)):
+        model = kt.BayesianModel(tanh_net(), make_sampler(), num_examples=32, prior=prior, seed=3,
+                                 temperature_check=False)
+        model.compile(loss="mse")
+        history = model.fit(x, y, batch_size=16, epochs=3, verbose=0, shuffle=False)
+        chains.append(([w.numpy() for w in model.trainable_variables], history.history["potential"]))
+    (closed, closed_potential), (differentiated, differentiated_potential), (doubled, _) = chains
+    for a, b in zip(closed, differentiated):
+        np.testing.assert_array_equal(a, b)
+    assert closed_potential == differentiated_potential
+    # The control: the step reads `Prior.force` (a wrong one moves the chain elsewhere).
+    assert not all(np.array_equal(a, b) for a, b in zip(closed, doubled))
