@@ -2,7 +2,7 @@
 width w and the batch size, each library's step run its own way.
 
     python -m benchmarks.peers --out benchmarks/results/peers [--cells 128x128 2048x128 512x32 512x512]
-        [--libraries keras blackjax posteriors] [--methods ...] [--steps 200] [--repeats 5]
+        [--libraries keras blackjax posteriors] [--methods ...] [--steps 200] [--repeats 5] [--jit-compile]
     python -m benchmarks.peers --table-from benchmarks/results/peers/peers.json
 
 Methods (the same MLP, ReLU hidden layers, sparse softmax cross-entropy, N = 60,000 so that the
@@ -16,7 +16,8 @@ likelihood weight is realistic, a N(0, 1) prior on every weight):
   `keras_uniform_floor` (the hand-written step with its normals replaced by the Philox uniforms
   an exact normal draw is made from: a floor for any SGLD step on TensorFlow's generators),
   and keras_thermo's `kt_sgld`, `kt_sghmc`, `kt_sgnht`, `kt_ccadl`, `kt_mccadl` (a given step
-  size, everything else at its default, the default temperature check included).
+  size, everything else at its default, the default temperature check included). With
+  `--jit-compile` every Keras method's step is compiled by XLA (`compile(jit_compile=True)`).
 - `blackjax` (optional: JAX, jitted, the steps under `jax.lax.scan`): `blackjax_sgld` and
   `blackjax_sghmc` (blackjax's SGHMC diffusion with the momentum carried across steps, one
   gradient per step, as keras_thermo's SGHMC), with `blackjax.sgmcmc.gradients.grad_estimator`.

@@ -297,7 +297,9 @@ class MCCAdL(ThermostatSampler):
             rate = h * (0.5 * h) * beta * force_noise_scale(context) * on
 
             def c_step(momentum):
-                return [p * tf.exp(-rate * integrators.as_float32(v) * w)
+                # A scalar mass joins the scalar rate (one product per weight fewer).
+                return [p * (tf.exp(integrators.as_float32(v) * (-rate * w)) if isinstance(w, float)
+                             else tf.exp(-rate * integrators.as_float32(v) * w))
                         for p, v, w in zip(momentum, average, inverse_mass)], (0, ELEMENTWISE)
 
             noise_trace = force_noise_scale(context) * tf.add_n(
