@@ -148,9 +148,9 @@ def keras_worker(width: int, batch: int, steps: int, repeat: int, methods=KERAS_
 
     class UniformFloor(HandwrittenSGLD):
         """The hand-written step with its normals replaced by the Philox uniforms they would be
-        made from (one draw of all Nd, split per weight): not a sampler, a floor. Every exact
-        normal draw on TensorFlow's generators reads at least these random bits, so no
-        TensorFlow SGLD step in `fit` costs less."""
+        made from (one draw of all Nd, split per weight): not a sampler (uncentred noise), a
+        floor. An exact normal draw on TensorFlow's generators takes at least these random bits,
+        so a TensorFlow SGLD step in `fit` costs about this much or more."""
 
         def __init__(self, inner):
             super().__init__(inner)
@@ -191,6 +191,9 @@ def keras_worker(width: int, batch: int, steps: int, repeat: int, methods=KERAS_
                                      prior=kt.priors.Gaussian(PRIOR_STD), seed=0)
             model.compile(loss=loss, steps_per_execution=STEPS_PER_EXECUTION, jit_compile=jit_compile)
         models[method] = model
+
+    if any(getattr(model, "jit_compile", jit_compile) != jit_compile for model in models.values()):
+        raise RuntimeError(f"a Keras method was not compiled with jit_compile={jit_compile}")
 
     def fit(model, count):
         gc.collect()

@@ -15,9 +15,9 @@ COLLAPSED_RELATIVE_SPREAD = 1e-5
 
 def output_spread(x, y_pred) -> tf.Tensor:
     """How much the net's outputs differ across the batch, relative to their size: the largest
-    range (max - min over the batch) of any output unit over `1 + max |output|`. NaN when the
-    inputs are identical across the batch (or the batch has one example): then equal outputs say
-    nothing."""
+    range (max - min over the batch) of any output unit over `1 + max |output|`. NaN when that is
+    at most `COLLAPSED_RELATIVE_SPREAD` and the inputs are identical across the batch (or the
+    batch has one example): then equal outputs say nothing."""
 
     def rows(tree):
         leaves = [tf.convert_to_tensor(t) for t in tf.nest.flatten(tree) if t is not None]
@@ -33,8 +33,15 @@ def output_spread(x, y_pred) -> tf.Tensor:
     size = tf.reduce_max(tf.stack([tf.reduce_max(tf.abs(t)) for t in outputs]))
     spread = largest_range(outputs) / (1.0 + size)
     inputs = rows(x)
-    inputs_differ = largest_range(inputs) > 0 if inputs else tf.constant(True)
-    return tf.where(inputs_differ, spread, tf.constant(float("nan")))
+    if not inputs:
+        return spread
+
+    def unless_inputs_identical():
+        return tf.where(largest_range(inputs) > 0, spread, tf.constant(float("nan")))
+
+    # The inputs are read only when the outputs look collapsed: a pass over the batch otherwise
+    # spent on every step.
+    return tf.cond(spread <= COLLAPSED_RELATIVE_SPREAD, unless_inputs_identical, lambda: spread)
 
 
 def all_finite(tensors) -> tf.Tensor:

@@ -34,9 +34,15 @@ class Prior:
         """`-grad R` per variable in closed form (each in its variable's dtype), or None (the
         default): the sampling step then differentiates `R` with the rest of `U`. A closed form
         is one product per weight where differentiating `R` costs three passes over it (a
-        broadcast and two products) before the sum with the data's force."""
+        broadcast and two products) before the sum with the data's force. The library's priors
+        give it only where `__call__` is their own: a subclass that changes the density without
+        its force is differentiated."""
         del variables
         return None
+
+    def _has_own_density(self, cls) -> bool:
+        """Whether `__call__` is `cls`'s (not a subclass's other density)."""
+        return type(self).__call__ is cls.__call__
 
     # --- state (none by default) ----------------------------------------------------------------
 
@@ -131,14 +137,17 @@ class Gaussian(Prior):
             total += size * 0.5 * math.log(2.0 * math.pi * std**2)
         return total
 
-    def force(self, variables: Sequence[tf.Variable]) -> list[tf.Tensor]:
-        """`-theta / std^2`, rounded as the derivative of `theta^2 / (2 std^2)` is (the
-        coefficient `-2 / (2 std^2)` in the variable's dtype): the numbers differentiation gives."""
+    def force(self, variables: Sequence[tf.Variable]) -> list[tf.Tensor] | None:
+        """`-theta / std^2`, in float32 as `__call__` computes R, with the coefficient rounded as
+        the derivative of `theta^2 / (2 std^2)` is (`-2 / (2 std^2)`): for float32 weights on one
+        replica, the numbers differentiation gives."""
+        if not self._has_own_density(Gaussian):
+            return None
         forces = []
         for variable, std in zip(variables, self.stds_for(variables)):
             value = tf.convert_to_tensor(variable)
-            coefficient = tf.constant(-2.0, value.dtype) / tf.constant(2.0 * std**2, value.dtype)
-            forces.append(value * coefficient)
+            coefficient = tf.constant(-2.0, tf.float32) / tf.constant(2.0 * std**2, tf.float32)
+            forces.append(tf.cast(tf.cast(value, tf.float32) * coefficient, value.dtype))
         return forces
 
     def get_config(self) -> dict:
@@ -213,12 +222,15 @@ class Laplace(Prior):
             total += tf.cast(tf.size(value), tf.float32) * math.log(2.0 * self.scale)
         return total
 
-    def force(self, variables: Sequence[tf.Variable]) -> list[tf.Tensor]:
-        """`-sign(theta) / b` (0 at 0, as differentiation gives)."""
+    def force(self, variables: Sequence[tf.Variable]) -> list[tf.Tensor] | None:
+        """`-sign(theta) / b` in float32 (0 at 0, as differentiation gives)."""
+        if not self._has_own_density(Laplace):
+            return None
+        coefficient = tf.constant(-1.0, tf.float32) / tf.constant(self.scale, tf.float32)
         forces = []
         for variable in variables:
             value = tf.convert_to_tensor(variable)
-            forces.append(tf.sign(value) * (tf.constant(-1.0, value.dtype) / tf.constant(self.scale, value.dtype)))
+            forces.append(tf.cast(tf.sign(tf.cast(value, tf.float32)) * coefficient, value.dtype))
         return forces
 
     def get_config(self) -> dict:
@@ -328,10 +340,13 @@ class HierarchicalGaussian(Prior):
             total += log_normaliser - (self.alpha - 1.0) * log_precision + self.beta * precision
         return total
 
-    def force(self, variables: Sequence[tf.Variable]) -> list[tf.Tensor]:
-        """`-lambda_v theta` with each variable's current precision."""
+    def force(self, variables: Sequence[tf.Variable]) -> list[tf.Tensor] | None:
+        """`-lambda_v theta` in float32 with each variable's current precision."""
+        if not self._has_own_density(HierarchicalGaussian):
+            return None
         values = [tf.convert_to_tensor(variable) for variable in variables]
-        return [value * tf.cast(-precision, value.dtype) for value, precision in zip(values, self.precisions(variables))]
+        return [tf.cast(tf.cast(value, tf.float32) * -tf.cast(precision, tf.float32), value.dtype)
+                for value, precision in zip(values, self.precisions(variables))]
 
     def conditional(self, variables, temperature) -> list[tuple[tf.Tensor, tf.Tensor]]:
         """`(shape, rate)` (float64) of each precision's conditional at temperature T."""

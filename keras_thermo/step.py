@@ -115,15 +115,26 @@ class SamplingStep:
         return prior / replicas if replicas > 1 else prior
 
     def _prior_force(self) -> list | None:
-        """`-grad R` of the prior in closed form (`Prior.force`), this replica's share, or None
-        (no prior, or one without a closed form: the tape differentiates R)."""
-        if self.prior is None:
+        """`-grad R` of the prior in closed form (`Prior.force`), this replica's share, or None:
+        no prior, one without a closed form, or a `compute_potential` of a subclass's own (whose
+        U the tape then differentiates whole)."""
+        own_potential = getattr(type(self).compute_potential, "__func__", type(self).compute_potential)
+        if self.prior is None or own_potential is not SamplingStep.compute_potential:
             return None
-        force = self.prior.force(self.trainable_variables)
+        variables = self.trainable_variables
+        force = self.prior.force(variables)
         if force is None:
             return None
+        force = list(force)
+        if len(force) != len(variables) or any(f is None for f in force):
+            raise ValueError(
+                f"{type(self.prior).__name__}.force returned {len(force)} values "
+                f"({sum(f is None for f in force)} of them None) for {len(variables)} trainable "
+                "variables; it must give one tensor per variable, in model.trainable_variables order, "
+                "or None to have the step differentiate the prior."
+            )
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        return [f / replicas for f in force] if replicas > 1 else list(force)
+        return [f / replicas for f in force] if replicas > 1 else force
 
     def _shares_backward_pass(self, recording, cross) -> bool:
         """Whether the force's loss term comes from the engine's backward pass (the sum of the
@@ -144,9 +155,11 @@ class SamplingStep:
 
         With the engine (`recording`), one backward pass gives both the per-example statistics
         and the gradient of the compiled loss: `grad (N L_data) = (N / n) sum_i g_i`, the rows
-        of G summed; the train step's tape then differentiates only `N * sum(self.losses) + R`,
-        which involves the network only through activity regularizers. Otherwise the tape
-        differentiates U itself and the statistics, if needed, come after.
+        of G summed; the train step's tape then differentiates only `N * sum(self.losses)` (and
+        R), which involves the network only through activity regularizers. Otherwise the tape
+        differentiates U itself and the statistics, if needed, come after. A prior with a
+        closed-form force (`Prior.force`) enters U's value only; its force is added to the
+        tape's.
         """
         variables = self.trainable_variables if wrt is None else list(wrt)
         shared = self._shares_backward_pass(recording, cross)
@@ -156,8 +169,11 @@ class SamplingStep:
             if wrt is not None:
                 tape.watch(variables)
             with recording if recording is not None else contextlib.nullcontext():
-                potential, loss, y_pred = self.compute_potential(x, y, sample_weight, differentiate_prior=not closed_form)
-            if shared:  # U less its data term: N times the layers' own losses (summed as Keras does), and R
+                if closed_form:
+                    potential, loss, y_pred = self.compute_potential(x, y, sample_weight, differentiate_prior=False)
+                else:  # a subclass's own compute_potential keeps its signature
+                    potential, loss, y_pred = self.compute_potential(x, y, sample_weight)
+            if shared:  # U less its data term: N times the layers' own losses (summed as Keras does), and R if differentiated
                 terms = [tf.cast(self.likelihood_weight, loss.dtype) * tf.reduce_sum(tf.cast(extra, loss.dtype))
                          for extra in self.losses]
                 if self.prior is not None and not closed_form:

@@ -34,14 +34,15 @@ def kinetic_temperature(momentum: Sequence[tf.Tensor], mass, num_params: int) ->
 
 
 def _dot(theta: tf.Tensor, force: tf.Tensor) -> tf.Tensor:
-    """`theta . F` as a float64 scalar: the products in the weights' dtype, summed along the last
-    axis in that dtype (a row of m terms to within about `m 2^-24 sum_row |theta_i F_i|` in
-    float32, far less in practice: TensorFlow sums in blocks), the rows in float64. The terms
+    """`theta . F` as a float64 scalar: the products in float32 (float64 for float64 weights),
+    summed along the last axis in that dtype (a row of m terms to within about
+    `m 2^-24 sum_row |theta_i F_i|` in float32, far less in practice: TensorFlow sums in blocks;
+    a rank-1 variable is one row), the rows in float64. The terms
     cancel (the total crosses zero while they reach `|theta . F|`), hence float64 across rows;
     casting every product to float64 first cost several times more on a CPU (a weight-sized
-    float64 array written and read back; `python -m benchmarks.peers`, the temperature check's
-    share of the step)."""
-    product = theta * tf.cast(force, theta.dtype)
+    float64 array written and read back; `python -m benchmarks.lab.step_pieces`)."""
+    dtype = tf.float64 if theta.dtype == tf.float64 else tf.float32  # float16 products would overflow
+    product = tf.cast(theta, dtype) * tf.cast(force, dtype)
     if product.shape.rank is not None and product.shape.rank >= 2:
         return tf.reduce_sum(tf.cast(tf.reduce_sum(product, axis=-1), tf.float64))
     return tf.cast(tf.reduce_sum(product), tf.float64)

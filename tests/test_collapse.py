@@ -73,7 +73,10 @@ def test_output_spread_is_relative_and_ignores_identical_rows():
     x = np.array([[0.0], [1.0]], np.float32)
     assert float(output_spread(x, np.array([[100.0, 1.0], [100.0, 3.0]], np.float32))) == pytest.approx(2.0 / 101.0)
     assert float(output_spread(x, np.array([[5.0], [5.0]], np.float32))) == 0.0
-    assert np.isnan(float(output_spread(np.zeros((2, 1), np.float32), np.array([[1.0], [2.0]], np.float32))))
+    identical = np.zeros((2, 1), np.float32)
+    # Equal outputs of identical inputs say nothing; outputs that differ (noise layers) still show.
+    assert np.isnan(float(output_spread(identical, np.array([[5.0], [5.0]], np.float32))))
+    assert float(output_spread(identical, np.array([[1.0], [2.0]], np.float32))) == pytest.approx(1.0 / 3.0)
 
 
 class _KillHiddenLayerAtTheWall(_KillHiddenLayer):

@@ -186,15 +186,17 @@ def test_gibbs_draw_under_tact_hmc_uses_the_weights_effective_temperature():
     model = kt.BayesianModel(testing.linear_regression_net(2), sampler, num_examples=32, prior=prior, seed=3)
     model.compile(loss="mse")
     every = _EveryStepPrior()
-    model.fit(x, y, batch_size=8, epochs=15, verbose=0, callbacks=[every])
+    model.fit(x, y, batch_size=8, epochs=20, verbose=0, callbacks=[every])
     factors = []
     for weights, xi, precisions, step in every.rows:
         temperature = 1.0 / float(sampler.coupling(tf.constant(xi))[0])  # T / lambda(xi), T = 1
         factors.append(temperature)
         expected = prior.draw([tf.constant(w) for w in weights], step=tf.constant(step, tf.int64), seed=3, temperature=temperature)
         np.testing.assert_allclose(precisions, [float(e) for e in expected], rtol=1e-5)
-    # The check covers tempered steps, where T / lambda(xi) differs from T.
-    assert np.mean(np.array(factors) > 1.5) > 0.2, np.quantile(factors, [0.1, 0.5, 0.9])
+    # The check covers tempered steps, where T / lambda(xi) differs from T: at least 10 of the 80
+    # (xi's path, and so their number, moves with the last bits of the force: 12-32 of 60 steps
+    # over the prior's closed-form and differentiated force, in and out of the test session).
+    assert np.sum(np.array(factors) > 1.5) >= 10, np.quantile(factors, [0.1, 0.5, 0.9])
 
 
 # --- FanInGaussian ---------------------------------------------------------------------------
@@ -240,16 +242,37 @@ def _differentiated_force(prior, weights):
 ], ids=["gaussian-1", "gaussian-0.3", "gaussian-per-variable", "fan-in", "laplace"])
 def test_a_closed_form_prior_force_is_the_differentiated_one_bit_for_bit(prior):
     weights = [tf.constant(np.linspace(-1.3, 1.7, 6).reshape(2, 3), tf.float32), tf.constant([0.0, 0.37], tf.float32)]
-    closed = prior.force(weights)
-    for mine, differentiated in zip(closed, _differentiated_force(prior, weights)):
+    closed, expected = prior.force(weights), _differentiated_force(prior, weights)
+    assert len(closed) == len(expected) == len(weights)
+    for mine, differentiated in zip(closed, expected):
         np.testing.assert_array_equal(mine.numpy(), differentiated.numpy())
 
 
 def test_the_hierarchical_prior_force_follows_its_current_precisions():
     prior = kt.priors.HierarchicalGaussian(alpha=2.0, beta=3.0)
     weights = _weights()
-    for mine, differentiated in zip(prior.force(weights), _differentiated_force(prior, weights)):
-        np.testing.assert_allclose(mine.numpy(), differentiated.numpy(), rtol=1e-6)
+    precisions = [tf.Variable(2.5), tf.Variable(0.3)]
+    prior.bind_state(precisions)
+    for values in ([2.5, 0.3], [7.0, 0.01]):
+        for variable, value in zip(precisions, values):
+            variable.assign(value)
+        closed, differentiated = prior.force(weights), _differentiated_force(prior, weights)
+        assert len(closed) == len(differentiated) == len(weights)
+        for mine, expected, weight, value in zip(closed, differentiated, weights, values):
+            np.testing.assert_array_equal(mine.numpy(), expected.numpy())
+            np.testing.assert_allclose(mine.numpy(), -value * weight.numpy(), rtol=1e-6)
+
+
+class _ShiftedGaussian(kt.priors.Gaussian):
+    """A subclass with a density of its own (mean 1) and no force of its own."""
+
+    def __call__(self, variables):
+        return super().__call__([tf.convert_to_tensor(v) - 1.0 for v in variables])
+
+
+def test_a_subclass_with_its_own_density_is_differentiated_not_given_the_parents_force():
+    assert _ShiftedGaussian(std=1.0).force(_weights()) is None
+    assert kt.priors.FanInGaussian().force(_weights()) is not None  # the same density, its own stds
 
 
 class _DifferentiatedGaussian(kt.priors.Prior):
@@ -291,3 +314,17 @@ def test_the_step_with_the_closed_form_prior_force_moves_as_the_differentiated_p
     assert closed_potential == differentiated_potential
     # The control: the step reads `Prior.force` (a wrong one moves the chain elsewhere).
     assert not all(np.array_equal(a, b) for a, b in zip(closed, doubled))
+
+
+class _ShortForceGaussian(kt.priors.Gaussian):
+    def force(self, variables):
+        return super().force(variables)[:1]
+
+
+def test_a_prior_force_of_the_wrong_length_is_refused_by_name():
+    model = kt.BayesianModel(tanh_net(), kt.samplers.SGLD(1e-4), num_examples=8, prior=_ShortForceGaussian(1.0),
+                             seed=0, temperature_check=False)
+    model.compile(loss="mse")
+    x = np.zeros((8, 3), "float32")
+    with pytest.raises(ValueError, match=r"_ShortForceGaussian.force returned 1 values .* for 4 trainable variables"):
+        model.fit(x, np.zeros((8, 1), "float32"), batch_size=8, epochs=1, verbose=0)
