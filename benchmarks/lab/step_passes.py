@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import sys
 
 import keras
 import numpy as np
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--networks", nargs="+", choices=sorted(step_cost.NETWORKS), default=["emnist_mlp"])
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     args = parser.parse_args(argv)
-    results = {"command": "python -m benchmarks.lab.step_passes " + " ".join(argv or []),
+    results = {"command": "python -m benchmarks.lab.step_passes " + " ".join(sys.argv[1:] if argv is None else argv),
                "counted": "top-level operations of the traced step on the largest weight array", "networks": {}}
     for name in args.networks:
         network = step_cost.NETWORKS[name]
