@@ -127,12 +127,9 @@ class SamplingStep:
             return None
         force = list(force)
         if len(force) != len(variables) or any(f is None for f in force):
-            raise ValueError(
-                f"{type(self.prior).__name__}.force returned {len(force)} values "
-                f"({sum(f is None for f in force)} of them None) for {len(variables)} trainable "
-                "variables; it must give one tensor per variable, in model.trainable_variables order, "
-                "or None to have the step differentiate the prior."
-            )
+            raise ValueError(f"{type(self.prior).__name__}.force returned {len(force)} values ({sum(f is None for f in force)} "
+                             f"of them None) for {len(variables)} trainable variables; it must give one tensor per "
+                             "variable, in model.trainable_variables order, or None to have the step differentiate the prior.")
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
         return [f / replicas for f in force] if replicas > 1 else force
 
@@ -169,10 +166,8 @@ class SamplingStep:
             if wrt is not None:
                 tape.watch(variables)
             with recording if recording is not None else contextlib.nullcontext():
-                if closed_form:
-                    potential, loss, y_pred = self.compute_potential(x, y, sample_weight, differentiate_prior=False)
-                else:  # a subclass's own compute_potential keeps its signature
-                    potential, loss, y_pred = self.compute_potential(x, y, sample_weight)
+                options = {"differentiate_prior": False} if closed_form else {}  # (a subclass's own keeps its signature)
+                potential, loss, y_pred = self.compute_potential(x, y, sample_weight, **options)
             if shared:  # U less its data term: N times the layers' own losses (summed as Keras does), and R if differentiated
                 terms = [tf.cast(self.likelihood_weight, loss.dtype) * tf.reduce_sum(tf.cast(extra, loss.dtype))
                          for extra in self.losses]

@@ -637,3 +637,19 @@ def test_a_user_written_lstm_runs_under_the_covariance_samplers(sampler):
     history = model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     assert model.per_example_path == "layers" and model.sampler_step == 2
     assert np.all(np.isfinite(history.history["noise_scale"])) and history.history["noise_scale"][-1] > 0
+
+
+def test_per_variable_variances_are_the_flat_ones_without_joining_them():
+    """`variable_diagonal_covariances` gives each variable's share of `diagonal_covariance`,
+    bit for bit, for blocks of several slots placed out of model order (and for dense rows)."""
+    from keras_thermo.per_example.statistics import LayerRows, LayerStatistics, PerExampleGradients
+    rng = np.random.default_rng(0)
+    first = kt_blocks.ExplicitBlock(tf.constant(rng.normal(size=(5, 7)), tf.float32), (4, 3))
+    second = kt_blocks.ExplicitBlock(tf.constant(rng.normal(size=(5, 2)), tf.float32), (2,))
+    like = [tf.zeros([3]), tf.zeros([2, 1]), tf.zeros([2, 2])]  # slots (0, 1), (1, 0), (0, 0)
+    for stats in (LayerStatistics(LayerRows([first, second], ((0, 1), (1, 0), (0, 0)))),
+                  PerExampleGradients(tf.constant(rng.normal(size=(5, 9)), tf.float32))):
+        flat = stats.diagonal_covariance().numpy()
+        pieces = stats.variable_diagonal_covariances(like)
+        assert [p.shape.as_list() for p in pieces] == [[3], [2, 1], [2, 2]]
+        np.testing.assert_array_equal(np.concatenate([p.numpy().ravel() for p in pieces]), flat)

@@ -192,6 +192,10 @@ class PerExampleGradients:
         squares = tf.reduce_sum(tf.square(self._centered_local()), axis=0)
         return self._cross.sum(squares) / (self.count - 1.0)
 
+    def variable_diagonal_covariances(self, like) -> list[tf.Tensor]:
+        """`diag(V)` per variable, shaped like each of `like` (the trainable variables)."""
+        return unflatten(self.diagonal_covariance(), like)
+
     def full_covariance(self) -> tf.Tensor:
         """`V`, `[Nd, Nd]` (small models only)."""
         local = self._centered_local()
@@ -317,7 +321,20 @@ class LayerRows(CenteredRows):
 
     def column_sums_of_squares(self) -> tf.Tensor:
         """`diag(Gc^T Gc)`, `[D]`, in model order."""
-        return self._join_by_variable([column.centered_column_squares() for column in self._blocks])
+        return self._join_by_variable(self._block_column_squares())
+
+    def column_sums_of_squares_by_variable(self) -> list[tf.Tensor]:
+        """`diag(Gc^T Gc)` per model variable (flat), without joining them into one `[D]`
+        vector (a concatenation is a pass over all of it)."""
+        slots = {}
+        for b, (column, values) in enumerate(zip(self._blocks, self._block_column_squares())):
+            pieces = [values] if len(column.sizes) == 1 else tf.split(values, list(column.sizes), axis=0)
+            for s, piece in enumerate(pieces):
+                slots[(b, s)] = piece
+        return [slots[key] for key in self._placement]
+
+    def _block_column_squares(self) -> list[tf.Tensor]:
+        return [column.centered_column_squares() for column in self._blocks]
 
     def to_dense(self) -> tf.Tensor:
         """`Gc` as an `[n, D]` tensor (small models and tests)."""
@@ -405,6 +422,12 @@ class LayerStatistics:
         if self._column_squares is None:
             self._column_squares = self._rows.column_sums_of_squares()
         return self._column_squares / (self.count - 1.0)
+
+    def variable_diagonal_covariances(self, like) -> list[tf.Tensor]:
+        """`diag(V)` per variable, shaped like each of `like` (the trainable variables): the
+        same numbers as `diagonal_covariance`, without its `[Nd]` concatenation and split."""
+        return [tf.reshape(squares / (self.count - 1.0), v.shape)
+                for squares, v in zip(self._rows.column_sums_of_squares_by_variable(), like)]
 
     def full_covariance(self) -> tf.Tensor:
         """`V`, `[Nd, Nd]` (forms `Gc`: small models only)."""

@@ -24,7 +24,6 @@ from typing import Sequence
 
 import tensorflow as tf
 
-from keras_thermo import _tree
 from keras_thermo.samplers import integrators
 
 
@@ -55,6 +54,6 @@ def zeros_like_variables(params: Sequence[tf.Tensor]) -> list[tf.Tensor]:
 
 def diagonal_average(average: Sequence[tf.Tensor], per_example, params, weight: tf.Tensor) -> list[tf.Tensor]:
     """`(1 - k) I + k diag(V)` per variable (float64), `V` from `per_example`'s minibatch."""
-    current = _tree.unflatten(per_example.diagonal_covariance(), params)
+    current = per_example.variable_diagonal_covariances(params)
     return [(1.0 - weight) * old + weight * tf.cast(new, integrators.THERMOSTAT_DTYPE)
             for old, new in zip(average, current)]
