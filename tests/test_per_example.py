@@ -603,8 +603,8 @@ def _assert_same_chain(kind, sampler, steps, rtol):
 
 def test_the_chain_comparison_rejects_a_variance_off_by_one_percent(monkeypatch):
     """The comparison above fails when the engine's diagonal variances are 1% too large."""
-    exact = kt_blocks.FactorBlock.centered_column_squares
-    monkeypatch.setattr(kt_blocks.FactorBlock, "centered_column_squares", lambda block: 1.01 * exact(block))
+    exact = kt_blocks._dense_column_squares  # both the joined and the per-variable squares read it
+    monkeypatch.setattr(kt_blocks, "_dense_column_squares", lambda *args: [1.01 * s for s in exact(*args)])
     with pytest.raises(AssertionError, match="noise_scale|Not equal"):
         _assert_same_chain("mlp", "ccadl_diag", 20, rtol=1e-4)
 

@@ -74,6 +74,11 @@ class ColumnBlock(RowProducts):
     def centered_column_squares(self) -> tf.Tensor:
         """`diag(Gc_l^T Gc_l)`, `[D_l]`: each column's sum of squared deviations."""
 
+    def centered_column_squares_by_slot(self) -> list[tf.Tensor]:
+        """`centered_column_squares` per variable of the block (flat, in slot order)."""
+        squares = self.centered_column_squares()
+        return [squares] if len(self.sizes) == 1 else tf.split(squares, list(self.sizes), axis=0)
+
     def centered_frobenius_squared(self) -> tf.Tensor:
         """`||Gc_l||_F^2`."""
         return tf.reduce_sum(self.centered_column_squares())
@@ -276,6 +281,12 @@ class FactorBlock(ColumnBlock):
         if positions > 1:
             return tf.reduce_sum(tf.square(centered_over_rows(self.rows())), axis=0)
         return tf.concat(_dense_column_squares(self._inputs[:, 0], self._deltas[:, 0], bias), axis=0)
+
+    def centered_column_squares_by_slot(self):
+        positions, _, _, bias = self._layout
+        if positions > 1:
+            return super().centered_column_squares_by_slot()
+        return _dense_column_squares(self._inputs[:, 0], self._deltas[:, 0], bias)  # no joined copy
 
     def centered_frobenius_squared(self):
         positions, _, _, bias = self._layout

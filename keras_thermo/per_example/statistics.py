@@ -321,20 +321,16 @@ class LayerRows(CenteredRows):
 
     def column_sums_of_squares(self) -> tf.Tensor:
         """`diag(Gc^T Gc)`, `[D]`, in model order."""
-        return self._join_by_variable(self._block_column_squares())
+        return self._join_by_variable([column.centered_column_squares() for column in self._blocks])
 
     def column_sums_of_squares_by_variable(self) -> list[tf.Tensor]:
         """`diag(Gc^T Gc)` per model variable (flat), without joining them into one `[D]`
         vector (a concatenation is a pass over all of it)."""
         slots = {}
-        for b, (column, values) in enumerate(zip(self._blocks, self._block_column_squares())):
-            pieces = [values] if len(column.sizes) == 1 else tf.split(values, list(column.sizes), axis=0)
-            for s, piece in enumerate(pieces):
+        for b, column in enumerate(self._blocks):
+            for s, piece in enumerate(column.centered_column_squares_by_slot()):
                 slots[(b, s)] = piece
         return [slots[key] for key in self._placement]
-
-    def _block_column_squares(self) -> list[tf.Tensor]:
-        return [column.centered_column_squares() for column in self._blocks]
 
     def to_dense(self) -> tf.Tensor:
         """`Gc` as an `[n, D]` tensor (small models and tests)."""
