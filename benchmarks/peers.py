@@ -252,8 +252,9 @@ def blackjax_worker(width: int, batch: int, steps: int, repeat: int, methods=Non
     # SGHMC as keras_thermo (and Chen et al.) run it: the momentum carried from step to step, one
     # gradient per step, through blackjax's own SGHMC diffusion. `blackjax.sghmc(...).step`
     # redraws the momentum at every call; with one integration step the gradient it computes
-    # feeds only the momentum it then drops, and XLA removes it (its jaxpr has 20 equations to
-    # SGLD's 167): that step moves the weights by noise alone and costs no gradient.
+    # feeds only the momentum it then drops (blackjax's `diffusions.sghmc` moves the position
+    # with the momentum it was given), and XLA removes it: that step moves the weights by noise
+    # alone and costs no gradient.
     sghmc = blackjax.sgmcmc.diffusions.sghmc()
 
     def sgld_step(carry, key, minibatch):
