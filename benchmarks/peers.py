@@ -142,9 +142,12 @@ def keras_worker(width: int, batch: int, steps: int, repeat: int, methods=KERAS_
                 mean_loss = loss(labels, self(inputs, training=True))
                 prior = tf.add_n([tf.reduce_sum(tf.square(w)) for w in weights]) / (2 * PRIOR_STD**2)
                 potential = NUM_EXAMPLES * mean_loss + prior
-            for w, g in zip(weights, tape.gradient(potential, weights)):
-                w.assign_add(-0.5 * self.eps * g + self.eps**0.5 * tf.random.normal(tf.shape(w)))
+            for w, g, r in zip(weights, tape.gradient(potential, weights), self.noise(weights)):
+                w.assign_add(-0.5 * self.eps * g + self.eps**0.5 * r)
             return {"loss": mean_loss}
+
+        def noise(self, weights):
+            return [tf.random.normal(tf.shape(w)) for w in weights]
 
     class UniformFloor(HandwrittenSGLD):
         """The hand-written step with its normals replaced by the Philox uniforms they would be
@@ -156,19 +159,11 @@ def keras_worker(width: int, batch: int, steps: int, repeat: int, methods=KERAS_
             super().__init__(inner)
             self._step = tf.Variable(0, dtype=tf.int32, trainable=False)  # the draws' counter
 
-        def train_step(self, data):
-            inputs, labels = data
-            weights = self.trainable_variables
-            with tf.GradientTape() as tape:
-                mean_loss = loss(labels, self(inputs, training=True))
-                prior = tf.add_n([tf.reduce_sum(tf.square(w)) for w in weights]) / (2 * PRIOR_STD**2)
-                potential = NUM_EXAMPLES * mean_loss + prior
+        def noise(self, weights):
             sizes = [int(np.prod(w.shape)) for w in weights]
             uniforms = tf.random.stateless_uniform([sum(sizes)], seed=[0, self._step], alg="philox")
             self._step.assign_add(1)
-            for w, g, u in zip(weights, tape.gradient(potential, weights), tf.split(uniforms, sizes)):
-                w.assign_add(-0.5 * self.eps * g + self.eps**0.5 * tf.reshape(u, w.shape))
-            return {"loss": mean_loss}
+            return [tf.reshape(u, w.shape) for u, w in zip(tf.split(uniforms, sizes), weights)]
 
     samplers = {
         "kt_sgld": lambda: kt.samplers.SGLD(STEP_SIZE**2),
