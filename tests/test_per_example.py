@@ -531,8 +531,14 @@ def _paper_like(kind, unroll=False):
     return keras.Sequential(layers)
 
 
-def _chain(kind, make_sampler, method, steps):
+def _chain(kind, make_sampler, method, steps, nudge=False):
+    """`steps` steps of the sampler on `kind`'s net by `method`; `nudge` moves every initial weight
+    by one float32 ulp (the chain's own sensitivity to rounding, `_separation`)."""
     net = _paper_like(kind, unroll=method == "vectorized")
+    if nudge:
+        for variable in net.trainable_variables:
+            value = variable.numpy()
+            variable.assign(np.nextafter(value, np.float32(np.inf)).astype(value.dtype))
     rng = np.random.default_rng(11)
     x = rng.standard_normal((64, *net.input_shape[1:])).astype("float32")
     labels = rng.integers(0, 3, 64).astype("int32")
@@ -590,10 +596,38 @@ SAMPLERS = {
 }
 
 
-def _assert_same_chain(kind, sampler, steps, rtol):
+def _separation(a, b) -> float:
+    """The largest difference of two `(model, history)` runs: of any variable, relative to its
+    largest entry, and of the logged noise scale, relative to it."""
+    (model_a, history_a), (model_b, history_b) = a, b
+    worst = 0.0
+    for u, v in zip(model_a.variables, model_b.variables):
+        got, want = np.asarray(u.numpy(), np.float64), np.asarray(v.numpy(), np.float64)
+        scale = float(np.max(np.abs(want))) if want.size else 0.0
+        if scale > 0:
+            worst = max(worst, float(np.max(np.abs(got - want))) / scale)
+    got, want = (np.asarray(h.history["noise_scale"], np.float64) for h in (history_a, history_b))
+    return max(worst, float(np.max(np.abs(got - want) / np.abs(want))))
+
+
+def _assert_same_chain(kind, sampler, steps, rtol, *, beyond_predictability=False):
+    """The engine's and the vectorized per-example paths run the same chain: every variable
+    within `rtol` of its largest entry, and the logged noise scales within `rtol`.
+
+    With `beyond_predictability`, a run long enough for the chain to forget float32 rounding
+    (its own start moved by one ulp ends farther than `rtol` from it, in a variable or the noise
+    scale) is held instead to differ from the other path by no more than three times that: over
+    such a horizon two exact implementations part as far as rounding alone parts a chain from
+    itself."""
     engine, engine_history = _chain(kind, SAMPLERS[sampler], "layers", steps)
     rows, rows_history = _chain(kind, SAMPLERS[sampler], "vectorized", steps)
     assert engine.sampler_step == rows.sampler_step == steps
+    paths = _separation((engine, engine_history), (rows, rows_history))
+    if beyond_predictability and paths > rtol:
+        nudged = _separation((engine, engine_history), _chain(kind, SAMPLERS[sampler], "layers", steps, nudge=True))
+        assert nudged > rtol, f"the paths part by {paths:.3g}, rounding alone by {nudged:.3g}"
+        assert paths <= 3.0 * nudged, f"the paths part by {paths:.3g}, rounding alone by {nudged:.3g}"
+        return
     for a, b in zip(engine.variables, rows.variables):
         got, want = np.asarray(a.numpy(), np.float64), np.asarray(b.numpy(), np.float64)
         scale = float(np.max(np.abs(want))) if want.size else 0.0
@@ -622,7 +656,12 @@ def test_engine_and_vectorized_chains_agree(kind, sampler):
 @pytest.mark.parametrize("sampler", sorted(SAMPLERS))
 @pytest.mark.parametrize("kind", ["mlp", "lstm", "cnn"])
 def test_engine_and_vectorized_chains_agree_over_300_steps(kind, sampler):
-    _assert_same_chain(kind, sampler, 300, rtol=1e-3)
+    """Where the chain is still predictable after 300 steps the paths agree to 1e-3. mCCAdL's
+    minibatch C step on the CNN is not (a one-ulp nudge of its start parts it from itself by more
+    than that), and is held to what rounding does (`_assert_same_chain`): there this comparison
+    cannot see an error in the statistics, which the 20-step comparison above does (its control:
+    `test_the_chain_comparison_rejects_a_variance_off_by_one_percent`)."""
+    _assert_same_chain(kind, sampler, 300, rtol=1e-3, beyond_predictability=True)
 
 
 @pytest.mark.parametrize("sampler", [pytest.param(CCAdL, marks=pytest.mark.slow), MCCAdL])
