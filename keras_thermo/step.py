@@ -126,10 +126,11 @@ class SamplingStep:
         if force is None:
             return None
         force = list(force)
-        if len(force) != len(variables) or any(f is None for f in force):
-            raise ValueError(f"{type(self.prior).__name__}.force returned {len(force)} values ({sum(f is None for f in force)} "
-                             f"of them None) for {len(variables)} trainable variables; it must give one tensor per "
-                             "variable, in model.trainable_variables order, or None to have the step differentiate the prior.")
+        shapes = [None if f is None else tuple(tf.convert_to_tensor(f).shape) for f in force]
+        if shapes != [tuple(v.shape) for v in variables]:
+            raise ValueError(f"{type(self.prior).__name__}.force returned shapes {shapes} for trainable variables of "
+                             f"shapes {[tuple(v.shape) for v in variables]}; it must give one tensor per variable, shaped "
+                             "like it, in model.trainable_variables order, or None to have the step differentiate the prior.")
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
         return [f / replicas for f in force] if replicas > 1 else force
 

@@ -326,5 +326,18 @@ def test_a_prior_force_of_the_wrong_length_is_refused_by_name():
                              seed=0, temperature_check=False)
     model.compile(loss="mse")
     x = np.zeros((8, 3), "float32")
-    with pytest.raises(ValueError, match=r"_ShortForceGaussian.force returned 1 values .* for 4 trainable variables"):
+    with pytest.raises(ValueError, match=r"_ShortForceGaussian.force returned shapes \[\(3, 4\)\] for trainable variables of shapes"):
         model.fit(x, np.zeros((8, 1), "float32"), batch_size=8, epochs=1, verbose=0)
+
+
+class _FlatForceGaussian(kt.priors.Gaussian):
+    def force(self, variables):
+        return [tf.reshape(f, [-1]) for f in super().force(variables)]
+
+
+def test_a_prior_force_of_the_wrong_shape_is_refused_by_name():
+    model = kt.BayesianModel(tanh_net(), kt.samplers.SGLD(1e-4), num_examples=8, prior=_FlatForceGaussian(1.0),
+                             seed=0, temperature_check=False)
+    model.compile(loss="mse")
+    with pytest.raises(ValueError, match=r"_FlatForceGaussian.force returned shapes \[\(12,\), \(4,\), \(4,\), \(1,\)\]"):
+        model.fit(np.zeros((8, 3), "float32"), np.zeros((8, 1), "float32"), batch_size=8, epochs=1, verbose=0)
