@@ -365,7 +365,9 @@ def test_vectorized_chains_are_refused_for_samplers_with_per_example_statistics(
 def test_state_has_a_chain_axis_and_one_step_counter():
     model = _model(kt.samplers.SGNHT(1e-2))
     state = model.sampler_state()
-    assert state.step.shape == () and state.xi.shape == (C,)
+    # One thermostat per trainable tensor (the default) per chain; the papers' one per chain.
+    assert state.step.shape == () and state.xi.shape == (C, 4)
+    assert _model(kt.samplers.SGNHT(1e-2, per_variable_thermostat=False)).sampler_state().xi.shape == (C,)
     assert [tuple(m.shape) for m in state.momentum] == [(C, 3, 4), (C, 4), (C, 4, 1), (C, 1)]
 
 
@@ -387,7 +389,7 @@ def test_chain_weights_arguments_are_checked():
 
 def test_one_chain_model_has_no_chain_variables():
     model = _model(num_chains=1)
-    assert model._chain_variables == [] and model.sampler_state().xi.shape == ()
+    assert model._chain_variables == [] and model.sampler_state().xi.shape == (4,)
 
 
 # --- tf.distribute --------------------------------------------------------------------------------

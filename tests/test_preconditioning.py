@@ -144,7 +144,8 @@ def test_sghmc_one_step():
 
 def test_sgnht_one_step():
     h, a, mass, temp, mu = 0.05, 1.5, 2.0, 1.0, 4.0
-    sampler = kt.samplers.SGNHT(h, friction=a, thermal_mass=mu, mass=mass, preconditioner=_layerwise())
+    sampler = kt.samplers.SGNHT(h, friction=a, thermal_mass=mu, mass=mass, preconditioner=_layerwise(),
+                                per_variable_thermostat=False)
     state = _frozen_state(sampler, temp)
     new_params, new_state, _ = sampler.update(state, _params(), _force(), _context(temp))
     m = _mass_vector(mass)
@@ -162,7 +163,8 @@ def _force_covariance():
 @pytest.mark.parametrize("covariance", ["diag", "full"])
 def test_ccadl_one_step(covariance):
     h, a, temp, mass, mu = 0.01, 1.5, 2.0, 2.0, 5.0
-    sampler = kt.samplers.CCAdL(h, friction=a, covariance=covariance, thermal_mass=mu, mass=mass, preconditioner=_layerwise())
+    sampler = kt.samplers.CCAdL(h, friction=a, covariance=covariance, thermal_mass=mu, mass=mass, preconditioner=_layerwise(),
+                                per_variable_thermostat=False)
     state = _frozen_state(sampler, temp)
     new_params, new_state, logs = sampler.update(state, _params(), _force(), _context(temp))
     # The running mean I_t with k_t = 1 / (STEP + 1) from a zero average: V / 6.
@@ -198,7 +200,7 @@ def _o_step(p, xi, h, a, temp, m, noise):
 def test_mccadl_one_step(expm):
     h, a, temp, mass, mu = 0.02, 1.5, 2.0, 2.0, 5.0
     sampler = kt.samplers.MCCAdL(h, friction=a, thermal_mass=mu, mass=mass, covariance="minibatch", expm=expm,
-                                 preconditioner=_layerwise())
+                                 preconditioner=_layerwise(), per_variable_thermostat=False)
     state = _frozen_state(sampler, temp)
     new_params, new_state, logs = sampler.update(state, _params(), _force(), _context(temp))
     m = _mass_vector(mass)

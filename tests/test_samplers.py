@@ -76,7 +76,7 @@ def test_sghmc_one_step_matches_hand_computation():
 
 def test_sgnht_euler_one_step_matches_hand_computation():
     h, a, temp = 0.05, 1.5, 1.0
-    sampler = kt.samplers.SGNHT(h, friction=a, thermal_mass=4.0)
+    sampler = kt.samplers.SGNHT(h, friction=a, thermal_mass=4.0, per_variable_thermostat=False)
     state, new_params, new_state, logs = _step(sampler, temperature=temp)
     assert float(state.xi) == a  # xi_0 = A
     r = _noise(0, kt_random.STREAM_MOMENTUM)
@@ -93,7 +93,7 @@ def test_sgnht_euler_one_step_matches_hand_computation():
 
 def test_sgnht_symmetric_one_step_matches_hand_computation():
     h, a, temp, mu = 0.1, 1.0, 1.0, 3.0
-    sampler = kt.samplers.SGNHT(h, friction=a, thermal_mass=mu, integrator="symmetric")
+    sampler = kt.samplers.SGNHT(h, friction=a, thermal_mass=mu, integrator="symmetric", per_variable_thermostat=False)
     state, new_params, new_state, _ = _step(sampler, temperature=temp)
     r1 = _noise(0, kt_random.STREAM_MOMENTUM)
     r2 = _noise(0, kt_random.STREAM_MOMENTUM_2)
@@ -163,15 +163,17 @@ def test_sghmc_friction_decays_momentum():
 
 
 def test_sgnht_thermostat_rises_when_hotter_than_target():
-    sampler = kt.samplers.SGNHT(0.01, friction=1.0)
-    params = _params()
-    state = sampler.init(params, temperature=1.0, seed=SEED)
-    hot = state._replace(momentum=[10.0 * tf.ones_like(p) for p in params])
-    cold = state._replace(momentum=[0.01 * tf.ones_like(p) for p in params])
-    zero = [tf.zeros_like(p) for p in params]
-    _, hot_next, _ = sampler.update(hot, params, zero, _context())
-    _, cold_next, _ = sampler.update(cold, params, zero, _context())
-    assert float(hot_next.xi) > 1.0 > float(cold_next.xi)
+    for per_variable_thermostat in (True, False):  # one xi per tensor (the default), the papers' one
+        sampler = kt.samplers.SGNHT(0.01, friction=1.0, per_variable_thermostat=per_variable_thermostat)
+        params = _params()
+        state = sampler.init(params, temperature=1.0, seed=SEED)
+        hot = state._replace(momentum=[10.0 * tf.ones_like(p) for p in params])
+        cold = state._replace(momentum=[0.01 * tf.ones_like(p) for p in params])
+        zero = [tf.zeros_like(p) for p in params]
+        _, hot_next, _ = sampler.update(hot, params, zero, _context())
+        _, cold_next, _ = sampler.update(cold, params, zero, _context())
+        assert np.shape(hot_next.xi) == ((len(params),) if per_variable_thermostat else ())
+        assert np.all(np.asarray(hot_next.xi) > 1.0) and np.all(np.asarray(cold_next.xi) < 1.0)
 
 
 def test_initial_momentum_is_maxwellian():

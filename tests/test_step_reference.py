@@ -29,10 +29,15 @@ REFERENCE = pathlib.Path(__file__).parent / "data" / "step_reference.npz"
 SAMPLERS = {
     "sgld": dict(step_size=1e-3),
     "sghmc": dict(step_size=1e-2, friction=1.0),
-    "sgnht": dict(step_size=1e-2, friction=1.0),
-    "ccadl": dict(step_size=1e-2, friction=1.0),
-    "mccadl": dict(step_size=1e-2, friction=1.0, covariance="minibatch"),  # the paper's C step, as stored
+    # The papers' single thermostat and C step, as stored.
+    "sgnht": dict(step_size=1e-2, friction=1.0, per_variable_thermostat=False),
+    "ccadl": dict(step_size=1e-2, friction=1.0, per_variable_thermostat=False),
+    "mccadl": dict(step_size=1e-2, friction=1.0, covariance="minibatch", per_variable_thermostat=False),
     "tact_hmc": dict(step_size=1e-2),
+    # One thermostat per tensor (the default).
+    "sgnht_per_tensor": dict(step_size=1e-2, friction=1.0),
+    "ccadl_per_tensor": dict(step_size=1e-2, friction=1.0),
+    "mccadl_per_tensor": dict(step_size=1e-2, friction=1.0),
 }
 STEPS = 12
 
@@ -44,7 +49,8 @@ def run(name: str, num_chains: int) -> dict[str, np.ndarray]:
     x = rng.normal(size=(48, 4)).astype("float32")
     y = rng.integers(0, 3, size=48)
     net = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5, activation="tanh"), keras.layers.Dense(3)])
-    model = kt.BayesianModel(net, kt.samplers.get(name, **SAMPLERS[name]), num_examples=len(x),
+    sampler = kt.samplers.get(name.removesuffix("_per_tensor"), **SAMPLERS[name])
+    model = kt.BayesianModel(net, sampler, num_examples=len(x),
                              prior=kt.priors.Gaussian(1.0), seed=11, num_chains=num_chains)
     model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), steps_per_execution=4)
     model.fit(x, y, batch_size=8, epochs=2, verbose=0)

@@ -105,8 +105,8 @@ class CCAdL(ThermostatSampler):
             W steps, then an exponential average over about the last W, which forgets burn-in.
         preconditioner: None, `"layerwise"` (exact after its warm-up), `"rmsprop"` (approximate)
             or a `preconditioning.Preconditioner`: the mass becomes `M diag(m)`.
-        per_variable_thermostat: One xi per trainable tensor instead of the papers' one for the
-            net (as `SGNHT`; `ThermostatSampler`); logged `xi` is then their mean.
+        per_variable_thermostat: True (the default): one xi per trainable tensor; False: the
+            papers' one for the net (as `SGNHT`; `ThermostatSampler`); logged `xi` is the mean.
         warmup_steps: W >= 0 (default 1000): the papers' update restarts at step W with `xi = A`,
             fresh `p ~ N(0, T M)` and the covariance average `I_t` started again (`k = 1` at
             step W, so the warm-up's covariance is forgotten; `average_weight`), as `SGNHT`
@@ -138,7 +138,7 @@ class CCAdL(ThermostatSampler):
         covariance_window: int | None = None,
         preconditioner=None,
         warmup_steps: int = DEFAULT_WARMUP_STEPS,
-        per_variable_thermostat: bool = False,
+        per_variable_thermostat: bool = True,
     ):
         super().__init__(
             step_size, friction=friction, thermal_mass=thermal_mass, mass=mass, preconditioner=preconditioner,

@@ -196,8 +196,8 @@ class MCCAdL(ThermostatSampler):
             `"diag"` takes only `"auto"`: its exponential is elementwise.
         preconditioner: None, `"layerwise"` (exact after its warm-up), `"rmsprop"` (approximate)
             or a `preconditioning.Preconditioner`: the mass becomes `M diag(m)`.
-        per_variable_thermostat: One xi per trainable tensor instead of the papers' one for the
-            net (as `SGNHT`; `ThermostatSampler`); logged `xi` is then their mean.
+        per_variable_thermostat: True (the default): one xi per trainable tensor; False: the
+            papers' one for the net (as `SGNHT`; `ThermostatSampler`); logged `xi` is the mean.
         covariance: `"diag"` (the default: CCAdL's moving average of the per-coordinate
             variances, integrated exactly and elementwise) or `"minibatch"` (the paper's listing:
             the full covariance of the step's minibatch, by `expm`; module doc).
@@ -234,7 +234,7 @@ class MCCAdL(ThermostatSampler):
         expm: str = "auto",
         preconditioner=None,
         warmup_steps: int = DEFAULT_WARMUP_STEPS,
-        per_variable_thermostat: bool = False,
+        per_variable_thermostat: bool = True,
         covariance: str = "diag",
         covariance_window: int | None = None,
     ):

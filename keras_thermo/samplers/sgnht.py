@@ -53,9 +53,11 @@ class SGNHT(ThermostatSampler):
         integrator: `"euler"` (Algorithm 1) or `"symmetric"` (BAODDOAB).
         preconditioner: None, `"layerwise"` (exact after its warm-up), `"rmsprop"` (approximate)
             or a `preconditioning.Preconditioner`: the mass becomes `M diag(m)`.
-        per_variable_thermostat: One xi per trainable tensor instead of the papers' one for the
-            net, so that a tensor with more gradient noise than the rest (a net's last layer)
-            is held at T too (`ThermostatSampler`); logged `xi` is then their mean.
+        per_variable_thermostat: True (the default): one xi per trainable tensor, so that a
+            tensor with more gradient noise than the rest (a net's last layer) is held at T too
+            (the block-scalar case of the paper's general thermostat, its section 4;
+            `ThermostatSampler`); logged `xi` is then their mean. False: Algorithm 1's single
+            xi for the whole net.
         warmup_steps: W >= 0 (default 1000): after W steps of the papers' update the algorithm
             restarts from the weights reached, with `xi = A` and fresh `p ~ N(0, T M)`, which
             leaves behind the large xi that absorbing a far start leaves (`ThermostatSampler`).
@@ -80,7 +82,7 @@ class SGNHT(ThermostatSampler):
         integrator: str = "euler",
         preconditioner=None,
         warmup_steps: int = DEFAULT_WARMUP_STEPS,
-        per_variable_thermostat: bool = False,
+        per_variable_thermostat: bool = True,
     ):
         super().__init__(
             step_size, friction=friction, thermal_mass=thermal_mass, mass=mass, preconditioner=preconditioner,

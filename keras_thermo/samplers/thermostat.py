@@ -44,14 +44,20 @@ class ThermostatSampler(Sampler):
     exactly zero and every step is the papers' update bit for bit; after a one-time change the
     chain is the papers' chain at the new A, started from the moved xi.
 
-    One thermostat per tensor (`per_variable_thermostat=True`). The papers' xi is one scalar, so
+    One thermostat per tensor (`per_variable_thermostat=True`, the default). Algorithm 1's xi is
+    one scalar, so
     it holds the whole net's kinetic temperature at T; gradient noise that is stronger in one
     tensor than in the others (a net's last layer) leaves that tensor hot and the rest cold. With
     one xi per trainable tensor, each with the D step `xi_v += (h / mu_v) (p_v.M^-1.p_v - n_v T)`
     (`mu_v = mu n_v / Nd`), every tensor's kinetic temperature is held at T and each xi_v absorbs
     its own tensor's noise. The invariant density is the papers' with one Gaussian factor
     `exp(-mu_v (xi_v - A)^2 / (2 T))` per tensor instead of one for the net: the Nose-Hoover
-    argument applies to each block of momenta and its xi_v separately (DESIGN section 4).
+    argument applies to each block of momenta and its xi_v separately (DESIGN section 4). It is
+    the block-scalar case of the general thermostat of Ding et al.'s section 4 (a matrix Xi that
+    absorbs non-isotropic noise; Algorithm 1 is its scalar case). It is the default because on
+    networks the noise is not isotropic: from Keras' initialisation on the digits MLP the single
+    xi left the logits kernel 5-18% hot in most runs (docs/temperature.md, "One thermostat per
+    tensor"); `per_variable_thermostat=False` is Algorithm 1.
     """
 
     #: Its thermostats absorb gradient noise assuming independent minibatches (`BayesianModel`
@@ -63,7 +69,7 @@ class ThermostatSampler(Sampler):
 
     def __init__(
         self, step_size=auto_step.AUTO, friction: float | None = None, thermal_mass: float | None = None, mass: float = 1.0,
-        preconditioner=None, warmup_steps: int = DEFAULT_WARMUP_STEPS, per_variable_thermostat: bool = False,
+        preconditioner=None, warmup_steps: int = DEFAULT_WARMUP_STEPS, per_variable_thermostat: bool = True,
     ):
         super().__init__(step_size, preconditioner=preconditioner)
         self.friction = friction
