@@ -1,4 +1,5 @@
-"""One thermostat per trainable tensor (`per_variable_thermostat=True`) for SGNHT, CCAdL, mCCAdL.
+"""One thermostat per trainable tensor (`per_variable_thermostat=True`, the default) for SGNHT,
+CCAdL and mCCAdL, against the papers' single one (`False`).
 
 The statistical check is a linear regression whose gradient noise is constant and isotropic
 inside each tensor but four times stronger in the kernel than in the bias: one random-sign
@@ -101,21 +102,23 @@ def test_per_variable_d_step_matches_a_hand_computation():
     np.testing.assert_allclose(shared.numpy(), 0.5 + 0.1 / 10.0 * (15.0 - 10.0), rtol=1e-7)
 
 
+@pytest.mark.parametrize("per_variable", [True, False], ids=["default", "single"])
 @pytest.mark.parametrize("name", sorted(SAMPLERS))
-def test_state_has_one_xi_per_tensor_with_several_chains_and_round_trips(name, tmp_path):
+def test_state_has_one_xi_per_tensor_with_several_chains_and_round_trips(name, per_variable, tmp_path):
     x, y = testing.linear_regression_data(64, 3, seed=1)
     keras.utils.set_random_seed(0)
     net = testing.linear_regression_net(3)
-    sampler = SAMPLERS[name](1e-3, per_variable_thermostat=True)
+    sampler = SAMPLERS[name](1e-3) if per_variable else SAMPLERS[name](1e-3, per_variable_thermostat=False)
     model = kt.BayesianModel(net, sampler, num_examples=64, num_chains=2)
     model.compile(loss="mse")
     history = model.fit(x, y, batch_size=16, epochs=2, verbose=0)
     xi = model.sampler_state().xi
-    assert tuple(xi.shape) == (2, 2) and xi.dtype == tf.float64  # [chains, tensors]
+    # [chains, tensors] by default, [chains] with the papers' single xi
+    assert tuple(xi.shape) == ((2, 2) if per_variable else (2,)) and xi.dtype == tf.float64
     assert np.all(np.isfinite(history.history["xi"]))
     config = sampler.get_config()
-    assert config["per_variable_thermostat"] is True
-    assert type(sampler).from_config(config).per_variable_thermostat is True
+    assert config["per_variable_thermostat"] is per_variable
+    assert type(sampler).from_config(config).per_variable_thermostat is per_variable
     path = tmp_path / "model.keras"
     model.save(path)
     loaded = keras.saving.load_model(path)
