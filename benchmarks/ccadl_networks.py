@@ -115,10 +115,11 @@ class BlockLog(keras.callbacks.Callback):
 
 
 def run(name: str, sampler: str, step_size: float, steps: int, warmup: int, seed: int = 0, block: int = 100,
-        per_example_method: str | None = None, per_variable_thermostat: bool = False) -> dict:
+        per_example_method: str | None = None, per_variable_thermostat: bool | None = None) -> dict:
     net, loss, x, y, x_test, y_test, batch_size = problem(name, seed)
     model_kwargs = {} if per_example_method is None else {"per_example_method": per_example_method}
-    sampler_kwargs = {"per_variable_thermostat": True} if per_variable_thermostat else {}
+    # None: the samplers' default (one xi per tensor); False: the papers' single xi.
+    sampler_kwargs = {} if per_variable_thermostat is None else {"per_variable_thermostat": per_variable_thermostat}
     model = kt.BayesianModel(
         net, sampler=SAMPLERS[sampler](step_size, warmup, **sampler_kwargs), num_examples=len(x),
         prior=kt.priors.Gaussian(1.0), temperature=1.0, seed=seed, temperature_check=False, **model_kwargs,
@@ -183,8 +184,11 @@ def main(argv=None):
     parser.add_argument("--block", type=int, default=100)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--per-example-method", default=None)
-    parser.add_argument("--per-variable-thermostat", action="store_true",
-                        help="one thermostat per trainable tensor (per_variable_thermostat=True) for every sampler")
+    thermostat = parser.add_mutually_exclusive_group()
+    thermostat.add_argument("--per-variable-thermostat", dest="per_variable_thermostat", action="store_const", const=True,
+                            help="one thermostat per trainable tensor for every sampler (the default)")
+    thermostat.add_argument("--single-thermostat", dest="per_variable_thermostat", action="store_const", const=False,
+                            help="the papers' single thermostat for the whole net (per_variable_thermostat=False)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--summarize", default=None, help="print the summary of a result file and exit")
     args = parser.parse_args(argv)
