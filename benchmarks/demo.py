@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
               "variable judged after the burn-in; the figures in brackets are the whole net's, the cause names the "
               "variable furthest off; the averages above started where the whole net was first at T. What these "
               "runs give at the library's defaults, and with the change each cause names: docs/benchmarks.md, "
-              "'The demo', and docs/temperature.md, 'What the warning advises'.)")
+              "'The demo', and docs/temperature.md, 'One thermostat per tensor' and 'What the warning advises'.)")
         for line in lines:
             print(f"  {line}")
     minutes = results["seconds"] / 60

@@ -9,6 +9,9 @@ force, which it estimates from the per-example gradients of each minibatch (DESI
     theta += h M^-1 p,
     xi   += (h / mu) (p.M^-1.p - (h^2/4) beta q.Sigma.q - Nd T),   q = M^-1/2 p,
 
+(by default one xi per trainable tensor, each with this D step over its own tensor's scalars;
+`ThermostatSampler`)
+
 with `Gc` the centered per-example gradients `[n, Nd]` and `beta = 1/T`. The paper leaves the
 weights `k_t` to the user; `covariance_window=W` uses `k_t = max(1/t, 1/W)`, an exponential average
 over about the last W steps, which forgets the covariance seen during burn-in (the 1/t average

@@ -2,7 +2,9 @@
 
 Euler (the paper's listing, DESIGN section 4):
 `p += -xi p h + h F + sqrt(2 A T h) M^1/2 R;  theta += h M^-1 p;
- xi += (h / mu) (p.M^-1.p - Nd T)`, with `xi_0 = A` and `p_0 ~ N(0, T M)`.
+ xi += (h / mu) (p.M^-1.p - Nd T)`, with `xi_0 = A` and `p_0 ~ N(0, T M)`. By default one xi per
+trainable tensor v (`per_variable_thermostat=True`, `ThermostatSampler`): `p_v` is damped by its
+own `xi_v`, and `xi_v += (h / mu_v) (p_v.M^-1.p_v - n_v T)` with `mu_v = mu n_v / Nd`.
 
 Symmetric (`integrator="symmetric"`): the second-order BAODDOAB splitting (Leimkuhler & Shang,
 2016), i.e. mCCAdL's BAODCDOAB without its C step. One force per step: the closing half kick of

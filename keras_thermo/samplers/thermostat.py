@@ -32,9 +32,9 @@ class ThermostatSampler(Sampler):
     dissipates the excess fastest, so the warm-up keeps it, and then restarts the papers'
     algorithm from the weights it reached: at the step whose state has counter `warmup_steps`,
     `xi <- A` and `p <- N(0, T M)` (fresh draws, keyed by that step), exactly the papers'
-    initial condition. Every later step is the papers' update, so the chain from then on is the
-    papers' time-homogeneous Markov chain started at the warmed-up weights, and has their
-    invariant distribution. The restart is a pure function of the state (its step counter), so
+    initial condition. Every later step is the papers' update (with one xi per tensor by default,
+    below), so the chain from then on is the papers' time-homogeneous Markov chain started at the
+    warmed-up weights, and has their invariant distribution. The restart is a pure function of the state (its step counter), so
     resuming stays exact. `warmup_steps=0` is the papers' algorithm from the first step.
 
     A change of A (`follow_friction`). In the papers' invariant distribution xi is centred on A
@@ -44,20 +44,19 @@ class ThermostatSampler(Sampler):
     exactly zero and every step is the papers' update bit for bit; after a one-time change the
     chain is the papers' chain at the new A, started from the moved xi.
 
-    One thermostat per tensor (`per_variable_thermostat=True`, the default). Algorithm 1's xi is
-    one scalar, so
-    it holds the whole net's kinetic temperature at T; gradient noise that is stronger in one
-    tensor than in the others (a net's last layer) leaves that tensor hot and the rest cold. With
-    one xi per trainable tensor, each with the D step `xi_v += (h / mu_v) (p_v.M^-1.p_v - n_v T)`
-    (`mu_v = mu n_v / Nd`), every tensor's kinetic temperature is held at T and each xi_v absorbs
-    its own tensor's noise. The invariant density is the papers' with one Gaussian factor
+    One thermostat per tensor (`per_variable_thermostat=True`, the default). Algorithm 1's xi is one
+    scalar, so it holds the whole net's kinetic temperature at T; gradient noise that is stronger in
+    one tensor than in the others (a net's last layer) leaves that tensor hot and the rest cold.
+    With one xi per trainable tensor, each with the D step `xi_v += (h / mu_v) (p_v.M^-1.p_v - n_v
+    T)` (`mu_v = mu n_v / Nd`), every tensor's kinetic temperature is held at T and each xi_v
+    absorbs its own tensor's noise. The invariant density is the papers' with one Gaussian factor
     `exp(-mu_v (xi_v - A)^2 / (2 T))` per tensor instead of one for the net: the Nose-Hoover
-    argument applies to each block of momenta and its xi_v separately (DESIGN section 4). It is
-    the block-scalar case of the general thermostat of Ding et al.'s section 4 (a matrix Xi that
-    absorbs non-isotropic noise; Algorithm 1 is its scalar case). It is the default because on
-    networks the noise is not isotropic: from Keras' initialisation on the digits MLP the single
-    xi left the logits kernel 5-18% hot in most runs (docs/temperature.md, "One thermostat per
-    tensor"); `per_variable_thermostat=False` is Algorithm 1.
+    argument applies to each block of momenta and its xi_v separately (DESIGN section 4). It is the
+    block-scalar case of the general thermostat of Ding et al.'s section 4 (a matrix Xi that absorbs
+    non-isotropic noise; Algorithm 1 is its scalar case). It is the default because on networks the
+    noise is not isotropic: from Keras' initialisation on the digits MLP the single xi left the
+    logits kernel 5-18% hot in 8 of SGNHT's 9 runs over three seeds (docs/temperature.md, "One
+    thermostat per tensor"); `per_variable_thermostat=False` is Algorithm 1.
     """
 
     #: Its thermostats absorb gradient noise assuming independent minibatches (`BayesianModel`
