@@ -54,7 +54,9 @@ from keras_thermo import random as kt_random
 from keras_thermo._validation import check_choice, check_int
 from keras_thermo.samplers import auto_step, covariance_average, integrators
 from keras_thermo.samplers.base import StepContext, force_noise_scale, num_scalars, require_per_example_gradients
-from keras_thermo.samplers.thermostat import DEFAULT_WARMUP_STEPS, ThermostatSampler
+from keras_thermo.samplers.thermostat import (
+    DEFAULT_PER_VARIABLE_THERMOSTAT, DEFAULT_WARMUP_STEPS, ThermostatSampler,
+)
 
 #: Default largest Nd for `covariance="full"`: the [Nd, Nd] float64 moving average then takes
 #: 32 MB and its update costs ~4e6 multiply-adds per step.
@@ -141,7 +143,7 @@ class CCAdL(ThermostatSampler):
         covariance_window: int | None = None,
         preconditioner=None,
         warmup_steps: int = DEFAULT_WARMUP_STEPS,
-        per_variable_thermostat: bool = True,
+        per_variable_thermostat: bool = DEFAULT_PER_VARIABLE_THERMOSTAT,
     ):
         super().__init__(
             step_size, friction=friction, thermal_mass=thermal_mass, mass=mass, preconditioner=preconditioner,

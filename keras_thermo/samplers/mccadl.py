@@ -55,7 +55,9 @@ from keras_thermo.linalg.operators import CenteredRows, symmetrized
 from keras_thermo._validation import check_choice, check_int
 from keras_thermo.samplers import auto_step, covariance_average, integrators
 from keras_thermo.samplers.base import StepContext, force_noise_scale, num_scalars, require_per_example_gradients
-from keras_thermo.samplers.thermostat import DEFAULT_WARMUP_STEPS, ThermostatSampler
+from keras_thermo.samplers.thermostat import (
+    DEFAULT_PER_VARIABLE_THERMOSTAT, DEFAULT_WARMUP_STEPS, ThermostatSampler,
+)
 
 
 COVARIANCES = ("minibatch", "diag")
@@ -234,7 +236,7 @@ class MCCAdL(ThermostatSampler):
         expm: str = "auto",
         preconditioner=None,
         warmup_steps: int = DEFAULT_WARMUP_STEPS,
-        per_variable_thermostat: bool = True,
+        per_variable_thermostat: bool = DEFAULT_PER_VARIABLE_THERMOSTAT,
         covariance: str = "diag",
         covariance_window: int | None = None,
     ):

@@ -23,7 +23,9 @@ from keras_thermo import random as kt_random
 from keras_thermo._validation import check_choice
 from keras_thermo.samplers import auto_step, integrators
 from keras_thermo.samplers.base import StepContext
-from keras_thermo.samplers.thermostat import DEFAULT_WARMUP_STEPS, ThermostatSampler
+from keras_thermo.samplers.thermostat import (
+    DEFAULT_PER_VARIABLE_THERMOSTAT, DEFAULT_WARMUP_STEPS, ThermostatSampler,
+)
 
 
 class SGNHTState(NamedTuple):
@@ -84,7 +86,7 @@ class SGNHT(ThermostatSampler):
         integrator: str = "euler",
         preconditioner=None,
         warmup_steps: int = DEFAULT_WARMUP_STEPS,
-        per_variable_thermostat: bool = True,
+        per_variable_thermostat: bool = DEFAULT_PER_VARIABLE_THERMOSTAT,
     ):
         super().__init__(
             step_size, friction=friction, thermal_mass=thermal_mass, mass=mass, preconditioner=preconditioner,

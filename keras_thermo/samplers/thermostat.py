@@ -17,6 +17,8 @@ from keras_thermo.samplers.base import FloatSetting, Sampler, StepContext, num_s
 
 #: Default `warmup_steps` of the thermostat samplers (`ThermostatSampler`).
 DEFAULT_WARMUP_STEPS = 1000
+#: Default `per_variable_thermostat` of SGNHT, CCAdL and mCCAdL: one xi per trainable tensor.
+DEFAULT_PER_VARIABLE_THERMOSTAT = True
 
 
 class ThermostatSampler(Sampler):
@@ -34,8 +36,9 @@ class ThermostatSampler(Sampler):
     `xi <- A` and `p <- N(0, T M)` (fresh draws, keyed by that step), exactly the papers'
     initial condition. Every later step is the papers' update (with one xi per tensor by default,
     below), so the chain from then on is the papers' time-homogeneous Markov chain started at the
-    warmed-up weights, and has their invariant distribution. The restart is a pure function of the state (its step counter), so
-    resuming stays exact. `warmup_steps=0` is the papers' algorithm from the first step.
+    warmed-up weights, and has their invariant distribution. The restart is a pure function of
+    the state (its step counter), so resuming stays exact. `warmup_steps=0` is the papers'
+    algorithm from the first step.
 
     A change of A (`follow_friction`). In the papers' invariant distribution xi is centred on A
     (plus the gradient noise's share), so when A changes (the automatic step size inside its
@@ -68,7 +71,8 @@ class ThermostatSampler(Sampler):
 
     def __init__(
         self, step_size=auto_step.AUTO, friction: float | None = None, thermal_mass: float | None = None, mass: float = 1.0,
-        preconditioner=None, warmup_steps: int = DEFAULT_WARMUP_STEPS, per_variable_thermostat: bool = True,
+        preconditioner=None, warmup_steps: int = DEFAULT_WARMUP_STEPS,
+        per_variable_thermostat: bool = DEFAULT_PER_VARIABLE_THERMOSTAT,
     ):
         super().__init__(step_size, preconditioner=preconditioner)
         self.friction = friction
